@@ -1,0 +1,72 @@
+"""Self-attention of one layer over a flat token batch and a paged KV cache (GQA, RoPE, q/k norm)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from batchgen_data.model.attention_metadata import AttentionMetadata
+from batchgen_data.model.config import ModelConfig
+from batchgen_data.model.layers import rms_norm
+from batchgen_data.model.rope import RotaryEmbedding
+
+
+class Attention:
+    """One layer's attention. Weights are plain tensors; the KV pages are passed in per call."""
+
+    def __init__(self, config: ModelConfig, layer_id: int, weights: dict[str, torch.Tensor]):
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.eps = config.rms_norm_eps
+        self.qk_norm = config.qk_norm
+        self.clip_qkv = config.clip_qkv
+        self.sliding_window = config.sliding_windows[layer_id]
+        self.scale = self.head_dim**-0.5
+        self.w_q, self.w_k, self.w_v, self.w_o = (weights[n] for n in ("q", "k", "v", "o"))
+        self.b_q, self.b_k, self.b_v, self.b_o = (weights.get(f"{n}_bias") for n in ("q", "k", "v", "o"))
+        self.q_norm, self.k_norm = weights.get("q_norm"), weights.get("k_norm")
+
+    def __call__(
+        self,
+        x: torch.Tensor,  # [T, H]
+        meta: AttentionMetadata,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        k_cache: torch.Tensor,  # [num_slots, Nkv, D]
+        v_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        q = F.linear(x, self.w_q, self.b_q)  # [T, Nq*D]
+        k = F.linear(x, self.w_k, self.b_k)  # [T, Nkv*D]
+        v = F.linear(x, self.w_v, self.b_v)
+        if self.qk_norm == "full":
+            q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
+        if self.clip_qkv is not None:
+            q, k, v = (t.clamp(-self.clip_qkv, self.clip_qkv) for t in (q, k, v))
+        q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, Nq, D]
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Nkv, D]
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.qk_norm == "head":
+            q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
+        cos, sin = cos_sin
+        q, k = RotaryEmbedding.apply(q, cos, sin), RotaryEmbedding.apply(k, cos, sin)
+
+        k_cache[meta.slot_mapping] = k.to(k_cache.dtype)
+        v_cache[meta.slot_mapping] = v.to(v_cache.dtype)
+
+        b, qmax = meta.num_seqs, meta.max_query_len
+        q_pad = q.new_zeros(b * qmax, self.num_heads, self.head_dim)
+        q_pad[meta.query_index] = q
+        q_pad = q_pad.view(b, qmax, self.num_heads, self.head_dim).transpose(1, 2)  # [B, Nq, Q, D]
+        keys = k_cache[meta.gather_slots].transpose(1, 2).to(q.dtype)  # [B, Nkv, L, D]
+        values = v_cache[meta.gather_slots].transpose(1, 2).to(q.dtype)
+        out = F.scaled_dot_product_attention(
+            q_pad,
+            keys,
+            values,
+            attn_mask=meta.mask(self.sliding_window),
+            scale=self.scale,
+            enable_gqa=self.num_heads != self.num_kv_heads,
+        )  # [B, Nq, Q, D]
+        out = out.transpose(1, 2).reshape(b * qmax, self.num_heads * self.head_dim)[meta.query_index]
+        return F.linear(out, self.w_o, self.b_o)  # [T, H]

@@ -1,0 +1,34 @@
+"""What the engine returns for each request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class RequestTimings:
+    """Seconds since the request was submitted (``None`` where not reached)."""
+
+    queued_s: float = 0.0
+    first_token_s: float | None = None
+    finished_s: float | None = None
+
+
+@dataclass(slots=True)
+class GenerationOutput:
+    """One request's result, in the order the prompts were given.
+
+    ``finish_reason`` is ``"stop"`` (end-of-sequence, a stop token or a stop string),
+    ``"length"`` (``max_tokens`` reached) or ``"error"`` (then ``error`` says why and the other
+    fields describe what was produced before it, usually nothing).
+    """
+
+    request_id: int
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    num_input_tokens: int
+    num_generated_tokens: int
+    error: str | None = None
+    prompt_token_ids: list[int] = field(default_factory=list)
+    timings: RequestTimings = field(default_factory=RequestTimings)
