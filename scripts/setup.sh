@@ -13,7 +13,6 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
 fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 export DS_BUILD_OPS=0 PIP_DISABLE_PIP_VERSION_CHECK=1
-"$VENV/bin/python" -m pip install -q --upgrade pip setuptools wheel 2>&1 | grep -v "is ignored" || true
 "$VENV/bin/python" -m pip install -q -c constraints.txt torch==2.13.0
 "$VENV/bin/python" -m pip install -q -c constraints.txt -e '.[test]'
 echo "$want" > "$STAMP"

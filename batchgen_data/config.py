@@ -1,0 +1,102 @@
+"""Engine configuration: one slotted dataclass, validated with messages naming the bad value."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from batchgen_data.errors import ConfigError
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SUSPEND_POLICIES = ("most_progress", "shortest_first")
+RESUME_MODES = ("recompute", "swap")
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    """How the engine runs. Every field has a default that works on a laptop CPU.
+
+    Args:
+        dtype (str, default "auto"): ``"float32"``, ``"bfloat16"``, ``"float16"`` or ``"auto"``
+            (fp32 on CPU, where bf16 matmul is ~8x slower; bf16 on CUDA).
+        device (str, default "auto"): ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"``.
+        expert_backend (str, default "native"): ``"native"`` or ``"deepspeed"``.
+        max_num_seqs (int, default 256): B_moe, sequences in the running set; the router and
+            experts of each layer run on all of their tokens at once.
+        attention_batch_size (int, default 64): B_attn, sequences per attention micro-batch.
+        max_num_batched_tokens (int, default 2048): tokens per forward (decode tokens plus
+            prefill chunks); long prompts are prefilled in chunks so decoding never stalls.
+        block_size (int, default 16): tokens per KV page.
+        kv_cache_memory_bytes (int | None, default None): KV pool budget in bytes; None sizes it
+            for ``max_num_seqs`` sequences of 1024 tokens (capped at 4 GiB).
+        swap_space_bytes (int, default 0): host pool for the KV of suspended sequences (resume by
+            restoring); 0 means suspended sequences are recomputed from their tokens.
+        suspend_policy (str, default "most_progress"): which running sequences yield first when
+            KV memory runs short: ``"most_progress"`` keeps the sequences nearest completion
+            running and suspends the least advanced (the paper); ``"shortest_first"`` suspends
+            the shortest sequences first (the reference code).
+        refill_threshold (float, default 0.75): refill the running set (switch to prefill) when
+            it falls below this fraction of ``max_num_seqs`` or the waiting work would fit.
+        max_model_len (int | None, default None): context limit; None uses the checkpoint's.
+        seed (int, default 0): seeds requests that bring no seed of their own.
+        collect_timeline (bool, default False): record per-step stats for plots.
+
+    Example:
+        >>> EngineConfig(max_num_seqs=128).attention_batch_size
+        64
+    """
+
+    dtype: str = "auto"
+    device: str = "auto"
+    expert_backend: str = "native"
+    max_num_seqs: int = 256
+    attention_batch_size: int = 64
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    kv_cache_memory_bytes: int | None = None
+    swap_space_bytes: int = 0
+    suspend_policy: str = "most_progress"
+    refill_threshold: float = 0.75
+    max_model_len: int | None = None
+    seed: int = 0
+    collect_timeline: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "attention_batch_size", "max_num_batched_tokens", "block_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ConfigError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
+                f"({self.max_num_seqs}) so every running sequence can decode each step"
+            )
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:
+            raise ConfigError(f"kv_cache_memory_bytes must be positive, got {self.kv_cache_memory_bytes}")
+        if self.swap_space_bytes < 0:
+            raise ConfigError(f"swap_space_bytes must be >= 0, got {self.swap_space_bytes}")
+        if self.suspend_policy not in SUSPEND_POLICIES:
+            raise ConfigError(f"suspend_policy must be one of {SUSPEND_POLICIES}, got {self.suspend_policy!r}")
+        if not 0.0 < self.refill_threshold <= 1.0:
+            raise ConfigError(f"refill_threshold must be in (0, 1], got {self.refill_threshold}")
+        if self.dtype != "auto" and self.dtype not in _DTYPES:
+            raise ConfigError(f"dtype must be 'auto' or one of {list(_DTYPES)}, got {self.dtype!r}")
+        if self.expert_backend not in ("native", "deepspeed"):
+            raise ConfigError(f"expert_backend must be 'native' or 'deepspeed', got {self.expert_backend!r}")
+
+    def resolve_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        try:
+            device = torch.device(self.device)
+        except RuntimeError as err:
+            raise ConfigError(f"device {self.device!r} is not a torch device: {err}") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"device {self.device!r} requested but CUDA is not available")
+        return device
+
+    def resolve_dtype(self, device: torch.device) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return _DTYPES[self.dtype]

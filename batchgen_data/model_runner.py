@@ -1,0 +1,143 @@
+"""Executes one ``SchedulerOutput`` on the model: module-based batching (paper Algorithm 1).
+
+NOTE: the forward of one step, for the combined batch of B_moe sequences:
+  h = embed(all tokens)
+  for each layer:
+      for each attention micro-batch of B_attn sequences:   # YIELD at the attention boundary
+          h[mb] = attention_block(h[mb])                     # over its own paged-KV metadata
+      h = ffn_block(h)                                       # COMBINE: router + experts on all tokens
+  logits = lm_head(norm(h[last token of each sampling sequence])); tokens = sample(logits)
+Metadata for each micro-batch is built once per step and reused by every layer, so per-sequence
+Python work is per step, not per layer.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from batchgen_data.model import MoEModel
+from batchgen_data.model.attention_metadata import AttentionMetadata, build_attention_metadata
+from batchgen_data.model.kv_cache import KVCache
+from batchgen_data.sampler import SamplingBatch, sample
+from batchgen_data.scheduler import SchedulerOutput
+from batchgen_data.sequence import Sequence
+
+
+@dataclass(slots=True)
+class RunnerStats:
+    """Cumulative counters; ``kernel_s`` is time inside model modules and the sampler."""
+
+    num_forwards: int = 0
+    num_tokens: int = 0
+    kernel_s: float = 0.0
+    expert_calls: int = 0  # (layer, expert) GEMM pairs run
+    expert_tokens: int = 0  # routed token rows over those calls
+    last_tokens_per_expert_call: float = 0.0
+    per_step: list = field(default_factory=list)
+
+    @property
+    def mean_tokens_per_expert_call(self) -> float:
+        return self.expert_tokens / self.expert_calls if self.expert_calls else 0.0
+
+
+class ModelRunner:
+    def __init__(self, model: MoEModel, kv_cache: KVCache, attention_batch_size: int):
+        self.model = model
+        self.kv = kv_cache
+        self.attention_batch_size = attention_batch_size
+        self.block_size = kv_cache.block_size
+        self.stats = RunnerStats()
+
+    def execute(self, out: SchedulerOutput) -> list[int]:
+        """Run the forward and return one sampled token per sampling sequence, in batch order."""
+        for seq, block_ids in out.swap_out:
+            seq.host_kv = self.read_kv(block_ids, seq.num_computed_tokens)
+        for seq in out.swap_in:
+            self.write_kv(seq.block_ids, seq.host_kv)
+            seq.host_kv = None
+        if not out.seqs:
+            return []
+        device = self.model.device
+        input_ids, micro_batches = [], []
+        for start in range(0, len(out.seqs), self.attention_batch_size):
+            seqs = out.seqs[start : start + self.attention_batch_size]
+            qlens = out.query_lens[start : start + self.attention_batch_size]
+            for seq, qlen in zip(seqs, qlens):
+                input_ids += seq.token_ids_range(seq.num_computed_tokens, seq.num_computed_tokens + qlen)
+            ctx = [s.num_computed_tokens + q for s, q in zip(seqs, qlens)]
+            meta = build_attention_metadata(qlens, ctx, [s.block_ids for s in seqs], self.block_size, device)
+            micro_batches.append((sum(qlens), meta))
+        last_rows, row = [], 0
+        for qlen, samples in zip(out.query_lens, out.samples):
+            row += qlen
+            if samples:
+                last_rows.append(row - 1)
+        ids = torch.tensor(input_ids, dtype=torch.long, device=device)
+        t0 = time.perf_counter()
+        hidden = self._forward(ids, micro_batches)
+        tokens: list[int] = []
+        if last_rows:
+            logits = self.model.compute_logits(hidden[torch.tensor(last_rows, device=device)])
+            sampling = [s for s, smp in zip(out.seqs, out.samples) if smp]
+            tokens = sample(logits, _sampling_batch(sampling)).tolist()
+        self.stats.kernel_s += time.perf_counter() - t0
+        self.stats.num_forwards += 1
+        self.stats.num_tokens += len(input_ids)
+        return tokens
+
+    def _forward(self, ids: torch.Tensor, micro_batches: list[tuple[int, AttentionMetadata]]) -> torch.Tensor:
+        model = self.model
+        h = model.embed(ids)  # [T, H]
+        cos_sin = [model.rotary.cos_sin(meta.positions, model.dtype) for _, meta in micro_batches]
+        calls = tokens = 0
+        for layer_id, layer in enumerate(model.layers):
+            k_cache, v_cache = self.kv.k[layer_id], self.kv.v[layer_id]
+            if len(micro_batches) == 1:
+                h = layer.attention_block(h, micro_batches[0][1], cos_sin[0], k_cache, v_cache)
+            else:
+                parts, start = [], 0
+                for (num, meta), cs in zip(micro_batches, cos_sin):
+                    parts.append(layer.attention_block(h[start : start + num], meta, cs, k_cache, v_cache))
+                    start += num
+                h = torch.cat(parts)
+            h, counts = layer.ffn_block(h)
+            if counts is not None:
+                calls += int((counts > 0).sum())
+                tokens += int(counts.sum())
+        self.stats.expert_calls += calls
+        self.stats.expert_tokens += tokens
+        self.stats.last_tokens_per_expert_call = tokens / calls if calls else 0.0
+        return h
+
+    # -- KV movement (suspend to host, resume, export) ------------------------------------------
+
+    def _slots(self, block_ids: list[int], num_tokens: int) -> torch.Tensor:
+        pos = torch.arange(num_tokens)
+        blocks = torch.tensor(block_ids, dtype=torch.long)[pos // self.block_size]
+        return (blocks * self.block_size + pos % self.block_size).to(self.model.device)
+
+    def read_kv(self, block_ids: list[int], num_tokens: int) -> torch.Tensor:
+        """Copy a sequence's KV out of the pool: [L, 2, num_tokens, Nkv, D] on the host."""
+        slots = self._slots(block_ids, num_tokens)
+        per_layer = [torch.stack((k[slots], v[slots])) for k, v in zip(self.kv.k, self.kv.v)]
+        return torch.stack(per_layer).to("cpu")
+
+    def write_kv(self, block_ids: list[int], kv: torch.Tensor) -> None:
+        slots = self._slots(block_ids, kv.shape[2])
+        kv = kv.to(self.model.device, self.kv.k[0].dtype)
+        for layer_id, (k, v) in enumerate(zip(self.kv.k, self.kv.v)):
+            k[slots] = kv[layer_id, 0]
+            v[slots] = kv[layer_id, 1]
+
+
+def _sampling_batch(seqs: list[Sequence]) -> SamplingBatch:
+    return SamplingBatch(
+        temperatures=[s.params.temperature for s in seqs],
+        top_ps=[s.params.top_p for s in seqs],
+        top_ks=[s.params.top_k for s in seqs],
+        seeds=[s.seed for s in seqs],
+        steps=[s.num_generated for s in seqs],
+    )

@@ -1,0 +1,96 @@
+"""Prompts to token ids and back: the checkpoint's tokenizer and chat template."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from batchgen_data.errors import RequestError
+
+Prompt = str | list[int] | list[dict]
+
+
+class PromptTokenizer:
+    """Wraps ``transformers.AutoTokenizer`` loaded from the checkpoint folder (if it has one)."""
+
+    def __init__(self, folder: str | Path, vocab_size: int, model_eos_ids: tuple[int, ...] = ()):
+        self.folder = Path(folder)
+        self.vocab_size = vocab_size
+        self.hf = _load_hf_tokenizer(self.folder)
+        eos = set(model_eos_ids) | _generation_config_eos(self.folder)
+        if self.hf is not None and self.hf.eos_token_id is not None:
+            eos.add(self.hf.eos_token_id)
+        self.eos_token_ids = frozenset(eos)
+
+    def encode(self, prompt: Any) -> list[int]:
+        """Token ids for a string, a chat ``messages`` list, or a token-id list (validated)."""
+        if isinstance(prompt, str):
+            if not prompt:
+                raise RequestError("empty prompt")
+            ids = self._require_hf("a text prompt").encode(prompt)
+        elif isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
+            ids = self.apply_chat_template(list(prompt))
+        elif isinstance(prompt, (list, tuple)) or _is_array(prompt):
+            ids = [_as_token_id(t) for t in list(prompt)]
+            if not ids:
+                raise RequestError("empty prompt (no token ids)")
+        else:
+            raise RequestError(
+                f"prompt must be a string, a list of token ids or a chat messages list, got {type(prompt).__name__}"
+            )
+        if not ids:
+            raise RequestError("prompt encodes to zero tokens")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise RequestError(f"token id(s) {bad[:5]} outside the vocabulary [0, {self.vocab_size})")
+        return ids
+
+    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+        hf = self._require_hf("a chat messages prompt")
+        if not hf.chat_template:
+            raise RequestError(f"the tokenizer in {str(self.folder)!r} has no chat template")
+        for m in messages:
+            if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise RequestError(f"each message needs string 'role' and 'content', got {m!r}")
+        # transformers 5: tokenize=True returns a dict with input_ids.
+        out = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        if self.hf is None:
+            return ""
+        return self.hf.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def _require_hf(self, what: str):
+        if self.hf is None:
+            raise RequestError(f"{what} needs a tokenizer, and {str(self.folder)!r} has none")
+        return self.hf
+
+
+def _load_hf_tokenizer(folder: Path):
+    if not any((folder / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+def _generation_config_eos(folder: Path) -> set[int]:
+    path = folder / "generation_config.json"
+    if not path.is_file():
+        return set()
+    eos = json.loads(path.read_text()).get("eos_token_id")
+    return set(eos) if isinstance(eos, list) else ({eos} if isinstance(eos, int) else set())
+
+
+def _is_array(x: Any) -> bool:
+    return hasattr(x, "__array__") and hasattr(x, "tolist")
+
+
+def _as_token_id(t: Any) -> int:
+    if hasattr(t, "item") and not isinstance(t, (list, tuple)):
+        t = t.item()
+    if isinstance(t, bool) or not isinstance(t, int):
+        raise RequestError(f"token ids must be integers, got {t!r} ({type(t).__name__})")
+    return t

@@ -1,0 +1,48 @@
+"""Shared fixtures: tiny transformers checkpoints per architecture, built once per session."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tiny_checkpoints import ARCHITECTURES, build_checkpoint  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """Function arch -> (folder, transformers model), cached per session."""
+    cache: dict[str, tuple[Path, object]] = {}
+
+    def get(arch: str):
+        if arch not in cache:
+            folder = tmp_path_factory.mktemp(f"ckpt-{arch}")
+            cache[arch] = (folder, build_checkpoint(arch, folder))
+        return cache[arch]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def demo_path():
+    from batchgen_data.demo import ensure_demo_checkpoint
+
+    return ensure_demo_checkpoint()
+
+
+ALL_ARCHS = list(ARCHITECTURES)
+
+
+def pytest_configure(config):
+    # Keep generated files inside the run's own folders, not the home directory.
+    root = Path(__file__).resolve().parent.parent / ".cache"
+    os.environ.setdefault("BATCHGEN_DATA_CACHE", str(root / "batchgen-data"))
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(root / "torch_extensions"))
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(root / "tiktoken"))
+    os.environ.setdefault("HF_HOME", str(root / "huggingface"))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
