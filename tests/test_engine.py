@@ -234,3 +234,26 @@ def test_suspended_sequence_migrates_mid_generation(reference):
     for s in seqs:
         if s.request_id in rest:
             assert rest[s.request_id] == refs[prompts.index(s.prompt_token_ids)]
+
+
+def test_async_callers_share_one_engine(reference):
+    import asyncio
+
+    from batchgen_data.async_engine import AsyncEngine
+
+    folder, prompts, max_tokens, refs = reference
+    aengine = AsyncEngine(Engine(folder, EngineConfig(block_size=8, collect_timeline=True)))
+
+    async def main():
+        half = len(prompts) // 2
+        first = aengine.generate(prompts[:half], _params(max_tokens[:half]))
+        second = aengine.generate(prompts[half:], _params(max_tokens[half:]))
+        return await asyncio.gather(first, second)
+
+    try:
+        a, b = asyncio.run(main())
+    finally:
+        aengine.shutdown()
+    assert [o.token_ids for o in a + b] == [r[:m] for r, m in zip(refs, max_tokens)]
+    # Both callers' requests ran in the same forwards at some point.
+    assert max(step["num_running"] for step in aengine.engine.timeline) > len(prompts) // 2

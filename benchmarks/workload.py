@@ -1,0 +1,100 @@
+"""The benchmark's model and skewed workload, shared by the throughput and skew benchmarks.
+
+Output lengths follow the shape of the BatchGen paper's production trace: P99 = 3.8 x P95 and
+max = 9 x P95, with a lognormal body. Lengths are placed exactly by the quantile function (then
+shuffled), so every run has the same tail ratios.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+BENCH_MODEL_CONFIG = dict(
+    model_type="mixtral",
+    vocab_size=32000,
+    hidden_size=768,
+    intermediate_size=2048,
+    num_hidden_layers=4,
+    num_attention_heads=12,
+    num_key_value_heads=4,
+    num_local_experts=8,
+    num_experts_per_tok=2,
+    max_position_embeddings=4096,
+    rms_norm_eps=1e-5,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+
+@dataclass(slots=True)
+class Workload:
+    prompts: list[list[int]]
+    output_lens: list[int]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(self.output_lens)
+
+
+def output_length_quantile(u: float, p95: int) -> float:
+    """Lognormal body up to P95; a Pareto tail with P99 = 3.8 x P95, capped at 9 x P95."""
+    if u <= 0.95:
+        sigma = 0.6
+        median = p95 / math.exp(1.645 * sigma)
+        z = _norm_ppf(u)
+        return median * math.exp(sigma * z)
+    alpha = math.log(3.8) / math.log(5.0)  # (0.05 / 0.01) ** alpha == 3.8
+    return min(p95 * (0.05 / (1.0 - u)) ** alpha, 9 * p95)
+
+
+def make_workload(num_requests: int, p95_output: int, median_prompt: int, vocab: int, seed: int = 0) -> Workload:
+    rng = random.Random(seed)
+    lens = [max(1, round(output_length_quantile((i + 0.5) / num_requests, p95_output))) for i in range(num_requests)]
+    lens[-1] = 9 * p95_output  # the longest request sits exactly at the trace's max ratio
+    rng.shuffle(lens)
+    prompts = []
+    for _ in range(num_requests):
+        length = int(min(max(4, rng.lognormvariate(math.log(median_prompt), 0.7)), 8 * median_prompt))
+        prompts.append([rng.randrange(3, vocab) for _ in range(length)])
+    return Workload(prompts, lens)
+
+
+def percentile(values: list[int], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _norm_ppf(p: float) -> float:
+    """Inverse normal CDF (Acklam's rational approximation, |error| < 1.2e-9)."""
+    a = [-3.969683028665376e01, 2.209460984245205e02, -2.759285104469687e02, 1.383577518672690e02, -3.066479806614716e01, 2.506628277459239e00]
+    b = [-5.447609879822406e01, 1.615858368580409e02, -1.556989798598866e02, 6.680131188771972e01, -1.328068155288572e01]
+    c = [-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e00, -2.549732539343734e00, 4.374664141464968e00, 2.938163982698783e00]
+    d = [7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e00, 3.754408661907416e00]
+    lo = 0.02425
+    if p < lo:
+        q = math.sqrt(-2 * math.log(p))
+        return (((((c[0] * q + c[1]) * q + c[2]) * q + c[3]) * q + c[4]) * q + c[5]) / ((((d[0] * q + d[1]) * q + d[2]) * q + d[3]) * q + 1)
+    if p > 1 - lo:
+        return -_norm_ppf(1 - p)
+    q = p - 0.5
+    r = q * q
+    return (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q / (((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1)
+
+
+def build_bench_model(folder: Path, seed: int = 0):
+    """The benchmark MoE (Mixtral layout, ~206 M parameters, fp32), saved once into ``folder``."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    spec = dict(BENCH_MODEL_CONFIG)
+    config = AutoConfig.for_model(spec.pop("model_type"), **spec)
+    if (folder / "config.json").is_file():
+        return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(folder))
+    return model
