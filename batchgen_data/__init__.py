@@ -8,6 +8,8 @@ from batchgen_data.sampling_params import SamplingParams
 
 __all__ = [
     "BatchGenError",
+    "BatchGenMap",
+    "BatchGenOperator",
     "CheckpointError",
     "ConfigError",
     "Engine",
@@ -18,3 +20,12 @@ __all__ = [
     "SamplingParams",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # The pipeline stages import pyarrow; load them only when asked for.
+    if name in ("BatchGenOperator", "BatchGenMap"):
+        from batchgen_data import operators
+
+        return getattr(operators, name)
+    raise AttributeError(f"module 'batchgen_data' has no attribute {name!r}")

@@ -26,6 +26,10 @@ from batchgen_data.scheduler import SchedulerOutput
 from batchgen_data.sequence import Sequence
 
 
+# Largest padded/real attention area accepted when grouping prefill chunks into a micro-batch.
+_MAX_PADDING = 1.5
+
+
 @dataclass(slots=True)
 class RunnerStats:
     """Cumulative counters; ``kernel_s`` is time inside model modules and the sampler."""
@@ -61,20 +65,18 @@ class ModelRunner:
         if not out.seqs:
             return []
         device = self.model.device
-        input_ids, micro_batches = [], []
-        for start in range(0, len(out.seqs), self.attention_batch_size):
-            seqs = out.seqs[start : start + self.attention_batch_size]
-            qlens = out.query_lens[start : start + self.attention_batch_size]
-            for seq, qlen in zip(seqs, qlens):
+        input_ids, micro_batches, sample_rows = [], [], []
+        for group in self._micro_batches(out):
+            seqs = [out.seqs[i] for i in group]
+            qlens = [out.query_lens[i] for i in group]
+            for i, seq, qlen in zip(group, seqs, qlens):
                 input_ids += seq.token_ids_range(seq.num_computed_tokens, seq.num_computed_tokens + qlen)
+                if out.samples[i]:
+                    sample_rows.append((i, len(input_ids) - 1))
             ctx = [s.num_computed_tokens + q for s, q in zip(seqs, qlens)]
             meta = build_attention_metadata(qlens, ctx, [s.block_ids for s in seqs], self.block_size, device)
             micro_batches.append((sum(qlens), meta))
-        last_rows, row = [], 0
-        for qlen, samples in zip(out.query_lens, out.samples):
-            row += qlen
-            if samples:
-                last_rows.append(row - 1)
+        last_rows = [row for _, row in sorted(sample_rows)]  # back in batch order
         ids = torch.tensor(input_ids, dtype=torch.long, device=device)
         t0 = time.perf_counter()
         hidden = self._forward(ids, micro_batches)
@@ -87,6 +89,35 @@ class ModelRunner:
         self.stats.num_forwards += 1
         self.stats.num_tokens += len(input_ids)
         return tokens
+
+    def _micro_batches(self, out: SchedulerOutput) -> list[list[int]]:
+        """Group the batch's sequences into attention micro-batches of at most B_attn.
+
+        Attention pads every micro-batch to its longest query and context, so sequences are
+        grouped by size: decoders by context length, prefill chunks longest first while the
+        padded area stays under ``_MAX_PADDING`` times the real one.
+        """
+        size = self.attention_batch_size
+        decode = sorted((i for i, q in enumerate(out.query_lens) if q == 1),
+                        key=lambda i: out.seqs[i].num_computed_tokens)
+        groups = [decode[k : k + size] for k in range(0, len(decode), size)]
+        prefill = sorted((i for i, q in enumerate(out.query_lens) if q > 1),
+                         key=lambda i: out.query_lens[i], reverse=True)
+        group: list[int] = []
+        real = 0
+        for i in prefill:
+            q, ctx = out.query_lens[i], out.seqs[i].num_computed_tokens + out.query_lens[i]
+            if group:
+                q0, ctx0 = out.query_lens[group[0]], out.seqs[group[0]].num_computed_tokens + out.query_lens[group[0]]
+                padded = (len(group) + 1) * q0 * max(ctx0, ctx)
+                if len(group) == size or padded > _MAX_PADDING * (real + q * ctx):
+                    groups.append(group)
+                    group, real = [], 0
+            group.append(i)
+            real += q * ctx
+        if group:
+            groups.append(group)
+        return groups
 
     def _forward(self, ids: torch.Tensor, micro_batches: list[tuple[int, AttentionMetadata]]) -> torch.Tensor:
         model = self.model
@@ -122,15 +153,20 @@ class ModelRunner:
     def read_kv(self, block_ids: list[int], num_tokens: int) -> torch.Tensor:
         """Copy a sequence's KV out of the pool: [L, 2, num_tokens, Nkv, D] on the host."""
         slots = self._slots(block_ids, num_tokens)
-        per_layer = [torch.stack((k[slots], v[slots])) for k, v in zip(self.kv.k, self.kv.v)]
+        per_layer = [torch.stack((_flat(k)[slots], _flat(v)[slots])) for k, v in zip(self.kv.k, self.kv.v)]
         return torch.stack(per_layer).to("cpu")
 
     def write_kv(self, block_ids: list[int], kv: torch.Tensor) -> None:
         slots = self._slots(block_ids, kv.shape[2])
         kv = kv.to(self.model.device, self.kv.k[0].dtype)
         for layer_id, (k, v) in enumerate(zip(self.kv.k, self.kv.v)):
-            k[slots] = kv[layer_id, 0]
-            v[slots] = kv[layer_id, 1]
+            _flat(k)[slots] = kv[layer_id, 0]
+            _flat(v)[slots] = kv[layer_id, 1]
+
+
+def _flat(cache: torch.Tensor) -> torch.Tensor:
+    """[num_blocks, block_size, Nkv, D] -> [num_slots, Nkv, D] (a view)."""
+    return cache.view(-1, *cache.shape[2:])
 
 
 def _sampling_batch(seqs: list[Sequence]) -> SamplingBatch:

@@ -32,7 +32,7 @@ class Attention:
         x: torch.Tensor,  # [T, H]
         meta: AttentionMetadata,
         cos_sin: tuple[torch.Tensor, torch.Tensor],
-        k_cache: torch.Tensor,  # [num_slots, Nkv, D]
+        k_cache: torch.Tensor,  # [num_blocks, block_size, Nkv, D]
         v_cache: torch.Tensor,
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
@@ -51,15 +51,18 @@ class Attention:
         cos, sin = cos_sin
         q, k = RotaryEmbedding.apply(q, cos, sin), RotaryEmbedding.apply(k, cos, sin)
 
-        k_cache[meta.slot_mapping] = k.to(k_cache.dtype)
-        v_cache[meta.slot_mapping] = v.to(v_cache.dtype)
+        k_cache.view(-1, self.num_kv_heads, self.head_dim)[meta.slot_mapping] = k.to(k_cache.dtype)
+        v_cache.view(-1, self.num_kv_heads, self.head_dim)[meta.slot_mapping] = v.to(v_cache.dtype)
 
         b, qmax = meta.num_seqs, meta.max_query_len
         q_pad = q.new_zeros(b * qmax, self.num_heads, self.head_dim)
         q_pad[meta.query_index] = q
         q_pad = q_pad.view(b, qmax, self.num_heads, self.head_dim).transpose(1, 2)  # [B, Nq, Q, D]
-        keys = k_cache[meta.gather_slots].transpose(1, 2).to(q.dtype)  # [B, Nkv, L, D]
-        values = v_cache[meta.gather_slots].transpose(1, 2).to(q.dtype)
+        # Gather whole pages (contiguous block_size * Nkv * D runs), not single token slots.
+        num_keys = meta.block_table.shape[1] * meta.block_size
+        keys = k_cache[meta.block_table].view(b, num_keys, self.num_kv_heads, self.head_dim)
+        values = v_cache[meta.block_table].view(b, num_keys, self.num_kv_heads, self.head_dim)
+        keys, values = keys.transpose(1, 2).to(q.dtype), values.transpose(1, 2).to(q.dtype)  # [B, Nkv, L, D]
         out = F.scaled_dot_product_attention(
             q_pad,
             keys,

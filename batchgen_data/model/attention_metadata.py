@@ -18,17 +18,19 @@ class AttentionMetadata:
     positions: torch.Tensor  # [T] position of each token in its sequence
     slot_mapping: torch.Tensor  # [T] KV slot (block * block_size + offset) each new token writes
     query_index: torch.Tensor  # [T] row of each token in the padded [B * Q] query layout
-    gather_slots: torch.Tensor  # [B, L] KV slots each sequence attends over (padding -> 0)
+    block_table: torch.Tensor  # [B, P] KV blocks each sequence attends over (padding -> block 0)
     query_positions: torch.Tensor  # [B, Q] position of each padded query (padding -> last)
     context_lens: torch.Tensor  # [B] tokens in KV after this forward
     num_seqs: int
     max_query_len: int
+    block_size: int
     _masks: dict = field(default_factory=dict)
 
     def mask(self, sliding_window: int | None) -> torch.Tensor:
         """[B, 1, Q, L] boolean: query may attend key (causal, in context, within the window)."""
         if sliding_window not in self._masks:
-            key_pos = torch.arange(self.gather_slots.shape[1], device=self.positions.device)
+            num_keys = self.block_table.shape[1] * self.block_size
+            key_pos = torch.arange(num_keys, device=self.positions.device)
             q_pos = self.query_positions[:, :, None]  # [B, Q, 1]
             allowed = (key_pos[None, None, :] <= q_pos) & (
                 key_pos[None, None, :] < self.context_lens[:, None, None]
@@ -62,12 +64,8 @@ def build_attention_metadata(
     start = ctx - qlen  # [B] position of each sequence's first new token
 
     max_blocks = (max_ctx + block_size - 1) // block_size
-    table = torch.zeros(num_seqs, max_blocks, dtype=torch.long)
-    for b, blocks in enumerate(block_tables):
-        table[b, : len(blocks)] = torch.tensor(blocks[:max_blocks], dtype=torch.long)
-    key_pos = torch.arange(max_ctx)
-    gather = table[:, key_pos // block_size] * block_size + key_pos % block_size  # [B, L]
-    gather = torch.where(key_pos[None, :] < ctx[:, None], gather, torch.zeros_like(gather))
+    padded = [blocks[:max_blocks] + [0] * (max_blocks - len(blocks)) for blocks in block_tables]
+    table = torch.tensor(padded, dtype=torch.long)  # [B, P]
 
     q_off = torch.arange(max_q)
     query_positions = torch.minimum(start[:, None] + q_off[None, :], (ctx - 1)[:, None])  # [B, Q]
@@ -76,14 +74,15 @@ def build_attention_metadata(
     query_index = rows[is_real]  # [T]
     positions = (start[:, None] + q_off[None, :])[is_real]  # [T]
     seq_of_token = torch.arange(num_seqs)[:, None].expand(num_seqs, max_q)[is_real]
-    slot_mapping = gather[seq_of_token, positions]  # [T]
+    slot_mapping = table[seq_of_token, positions // block_size] * block_size + positions % block_size  # [T]
     return AttentionMetadata(
         positions=positions.to(device),
         slot_mapping=slot_mapping.to(device),
         query_index=query_index.to(device),
-        gather_slots=gather.to(device),
+        block_table=table.to(device),
         query_positions=query_positions.to(device),
         context_lens=ctx.to(device),
         num_seqs=num_seqs,
         max_query_len=max_q,
+        block_size=block_size,
     )

@@ -11,7 +11,8 @@ class KVCache:
     """K/V storage for ``num_blocks`` blocks of ``block_size`` tokens, for every layer.
 
     Which sequence owns which block is the block manager's business; this class only holds
-    tensors. Slot ``s`` of a layer is token ``s % block_size`` of block ``s // block_size``.
+    tensors, [num_blocks, block_size, Nkv, D] per layer. Slot ``s`` (in the flattened view) is
+    token ``s % block_size`` of block ``s // block_size``.
     """
 
     def __init__(
@@ -23,7 +24,7 @@ class KVCache:
         device: torch.device | str = "cpu",
     ):
         self.num_blocks, self.block_size = num_blocks, block_size
-        shape = (num_blocks * block_size, config.num_key_value_heads, config.head_dim)
+        shape = (num_blocks, block_size, config.num_key_value_heads, config.head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
 

@@ -1,0 +1,80 @@
+"""Batches in the formats Ray Data and datasets hand over: pyarrow, pandas, numpy dicts, dicts of lists.
+
+``to_columns`` reads any of them as a dict of Python lists; ``with_output_columns`` returns the
+same format with the output columns added under fixed types, so every batch has one schema.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from batchgen_data.operators.rows import OUTPUT_COLUMNS
+
+OUTPUT_SCHEMA = pa.schema(
+    [
+        ("generated_text", pa.string()),
+        ("generated_tokens", pa.list_(pa.int64())),
+        ("num_input_tokens", pa.int64()),
+        ("num_generated_tokens", pa.int64()),
+        ("finish_reason", pa.string()),
+        ("time_taken_llm", pa.float64()),
+        ("__inference_error__", pa.string()),
+    ]
+)
+
+
+def to_columns(batch: Any) -> tuple[dict[str, list], int]:
+    """Columns as Python-indexable sequences, and the row count."""
+    if isinstance(batch, pa.Table):
+        return {name: batch.column(name).to_pylist() for name in batch.column_names}, batch.num_rows
+    if _is_pandas(batch):
+        return {name: batch[name].tolist() for name in batch.columns}, len(batch)
+    if isinstance(batch, dict):
+        lengths = {len(v) for v in batch.values()}
+        if len(lengths) > 1:
+            raise ValueError(f"batch columns have different lengths: {sorted(lengths)}")
+        return {k: (v.tolist() if isinstance(v, np.ndarray) else list(v)) for k, v in batch.items()}, (
+            lengths.pop() if lengths else 0
+        )
+    raise TypeError(f"unsupported batch type {type(batch).__name__}: use pyarrow, pandas or a dict of columns")
+
+
+def with_output_columns(batch: Any, added: dict[str, list]) -> Any:
+    """``batch`` plus the output columns, in the batch's own format."""
+    if isinstance(batch, pa.Table):
+        table = batch.drop_columns([c for c in OUTPUT_COLUMNS if c in batch.column_names])
+        for field in OUTPUT_SCHEMA:
+            table = table.append_column(field, pa.array(added[field.name], type=field.type))
+        return table
+    if _is_pandas(batch):
+        import pandas as pd
+
+        frame = batch.copy()
+        arrow = pa.table({f.name: pa.array(added[f.name], type=f.type) for f in OUTPUT_SCHEMA})
+        typed = arrow.to_pandas(types_mapper=pd.ArrowDtype)
+        for name in OUTPUT_COLUMNS:
+            frame[name] = typed[name].values
+        return frame
+    if isinstance(batch, dict) and batch and all(isinstance(v, np.ndarray) for v in batch.values()):
+        out = dict(batch)
+        for field in OUTPUT_SCHEMA:
+            values = added[field.name]
+            if pa.types.is_integer(field.type) and None not in values:
+                out[field.name] = np.asarray(values, dtype=np.int64)
+            elif pa.types.is_floating(field.type) and None not in values:
+                out[field.name] = np.asarray(values, dtype=np.float64)
+            else:
+                column = np.empty(len(values), dtype=object)
+                column[:] = values
+                out[field.name] = column
+        return out
+    if isinstance(batch, dict):
+        return {**batch, **{name: list(added[name]) for name in OUTPUT_COLUMNS}}
+    raise TypeError(f"unsupported batch type {type(batch).__name__}")
+
+
+def _is_pandas(batch: Any) -> bool:
+    return type(batch).__name__ == "DataFrame" and hasattr(batch, "columns")

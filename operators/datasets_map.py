@@ -1,0 +1,55 @@
+"""``BatchGenMap``: the Hugging Face ``datasets`` stage.
+
+    ds.map(BatchGenMap(model="demo", max_tokens=64), batched=True, batch_size=64)
+
+``datasets`` calls an object with an async ``__call__`` synchronously (and fails on the returned
+coroutine), so this callable is synchronous. It pickles as its config only and loads the engine
+lazily, once per process: fingerprinting is fast and identical across runs (a second identical
+``.map`` reuses the cache), and ``num_proc=2`` gives each worker process its own engine.
+"""
+
+from __future__ import annotations
+
+from batchgen_data.engine import Engine
+from batchgen_data.operators.batch_format import to_columns, with_output_columns
+from batchgen_data.operators.rows import RowResult, StageConfig, check_errors, output_columns, prepare_rows
+
+# One engine per (model, engine config) per process, created on first use.
+_ENGINES: dict[str, Engine] = {}
+
+
+def _engine_for(config: StageConfig) -> Engine:
+    key = f"{config.model}|{config.engine_config!r}"
+    if key not in _ENGINES:
+        _ENGINES[key] = Engine(config.model, config.engine_config)
+    return _ENGINES[key]
+
+
+class BatchGenMap:
+    """A ``datasets.Dataset.map(batched=True)`` function adding the generated columns.
+
+    Takes the same arguments as ``BatchGenOperator`` and produces the same output columns.
+    """
+
+    def __init__(self, model: str = "demo", engine_config=None, prompt_column=None,
+                 should_continue_on_error: bool = True, **sampling_defaults):
+        self.config = StageConfig(model=model, engine_config=engine_config, prompt_column=prompt_column,
+                                  should_continue_on_error=should_continue_on_error, **sampling_defaults)
+
+    def __call__(self, batch: dict) -> dict:
+        columns, num_rows = to_columns(batch)
+        rows = prepare_rows(columns, num_rows, self.config)
+        valid = [r for r in rows if r.error is None]
+        results = [RowResult.failed(r.error) if r.error is not None else None for r in rows]
+        if valid:
+            outputs = _engine_for(self.config).generate([r.prompt for r in valid], [r.params for r in valid])
+            for row, out in zip(valid, outputs):
+                results[row.index] = RowResult.from_output(out)
+        check_errors(rows, results, self.config)
+        return with_output_columns(dict(batch), output_columns(results))
+
+    def __getstate__(self) -> dict:
+        return {"config": self.config}
+
+    def __setstate__(self, state: dict) -> None:
+        self.config = state["config"]

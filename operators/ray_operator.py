@@ -1,0 +1,94 @@
+"""``BatchGenOperator``: the Ray Data stage.
+
+    ds.map_batches(BatchGenOperator, fn_constructor_kwargs={"model": "demo", "max_tokens": 64},
+                   batch_size=64, compute=ray.data.ActorPoolStrategy(size=2, max_concurrent_calls_per_actor=4),
+                   num_cpus=0.5)
+
+Each actor hosts one engine. ``__call__`` is async, so the rows of every batch in flight in the
+actor feed the same running set (continuous batching across batches). This class only does row
+bookkeeping; the engine does the work.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from batchgen_data.async_engine import AsyncEngine, EngineDeadError
+from batchgen_data.engine import Engine
+from batchgen_data.operators.batch_format import to_columns, with_output_columns
+from batchgen_data.operators.rows import RowResult, StageConfig, check_errors, output_columns, prepare_rows
+
+logger = logging.getLogger(__name__)
+
+# Calls after which a too-small in-flight row count is reported (the first calls ramp up).
+_WARN_AFTER_CALLS = 4
+
+
+class BatchGenOperator:
+    """Ray Data callable class adding generated columns to every row.
+
+    Args:
+        model (str, default "demo"): ``"demo"`` or a local checkpoint folder.
+        engine_config (EngineConfig | dict | None): engine settings.
+        prompt_column (str | None): column to read prompts from (default: ``prompt``,
+            ``messages`` or ``prompt_token_ids``, whichever the batch has).
+        should_continue_on_error (bool, default True): bad rows become error rows; False raises.
+        **sampling_defaults: ``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``,
+            ``stop``, ``stop_token_ids``, ``ignore_eos`` for rows without ``sampling_params``.
+
+    Output columns: ``generated_text``, ``generated_tokens``, ``num_input_tokens``,
+    ``num_generated_tokens``, ``finish_reason``, ``time_taken_llm`` and ``__inference_error__``
+    (always present, null on success). Every other column passes through; one output row per
+    input row, in input order.
+    """
+
+    def __init__(self, model: str = "demo", engine_config=None, prompt_column=None,
+                 should_continue_on_error: bool = True, **sampling_defaults):
+        self.config = StageConfig(model=model, engine_config=engine_config, prompt_column=prompt_column,
+                                  should_continue_on_error=should_continue_on_error, **sampling_defaults)
+        self.engine = AsyncEngine(Engine(model, self.config.engine_config))
+        self._rows_in_flight = 0
+        self._peak_rows_in_flight = 0
+        self._num_calls = 0
+        self._warned = False
+
+    async def __call__(self, batch):
+        columns, num_rows = to_columns(batch)
+        rows = prepare_rows(columns, num_rows, self.config)
+        valid = [r for r in rows if r.error is None]
+        results = [RowResult.failed(r.error) if r.error is not None else None for r in rows]
+        self._track(len(valid))
+        try:
+            outputs = await self.engine.generate([r.prompt for r in valid], [r.params for r in valid])
+        except EngineDeadError:
+            # Raising alone would send Ray's retries back to this dead actor forever (Ray Data
+            # LLM learned this); exiting the process makes Ray restart the actor and retry the
+            # batch on a healthy one.
+            logger.critical("batchgen engine died; exiting the actor so Ray restarts it", exc_info=True)
+            os._exit(1)
+        finally:
+            self._rows_in_flight -= len(valid)
+        for row, out in zip(valid, outputs):
+            results[row.index] = RowResult.from_output(out)
+        check_errors(rows, results, self.config)
+        return with_output_columns(batch, output_columns(results))
+
+    def _track(self, num_rows: int) -> None:
+        self._rows_in_flight += num_rows
+        self._peak_rows_in_flight = max(self._peak_rows_in_flight, self._rows_in_flight)
+        self._num_calls += 1
+        target = self.engine.engine.config.max_num_seqs
+        if not self._warned and self._num_calls > _WARN_AFTER_CALLS and self._peak_rows_in_flight < target:
+            self._warned = True
+            logger.warning(
+                "at most %d rows have been in flight in this actor, but the engine batches up to %d "
+                "sequences (max_num_seqs): raise batch_size or max_concurrent_calls_per_actor "
+                "(rows in flight = batch_size x concurrent calls) to fill it",
+                self._peak_rows_in_flight, target,
+            )
+
+    def __del__(self):
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.shutdown(timeout=1.0)

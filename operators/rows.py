@@ -1,0 +1,204 @@
+"""Row bookkeeping shared by every pipeline stage: rows in, requests out, one output row per row.
+
+The stage validates each row, tags it with its index in the batch, routes invalid rows to error
+rows, runs the valid ones through the engine, and restores input order. Output columns are always
+all present (``__inference_error__`` is null on success), so Parquet schemas stay stable.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from batchgen_data.config import EngineConfig
+from batchgen_data.errors import BatchGenError, ConfigError
+from batchgen_data.outputs import GenerationOutput
+from batchgen_data.sampling_params import SamplingParams
+
+PROMPT_COLUMNS = ("prompt", "messages", "prompt_token_ids")
+SAMPLING_PARAMS_COLUMN = "sampling_params"
+ERROR_COLUMN = "__inference_error__"
+OUTPUT_COLUMNS = (
+    "generated_text",
+    "generated_tokens",
+    "num_input_tokens",
+    "num_generated_tokens",
+    "finish_reason",
+    "time_taken_llm",
+    ERROR_COLUMN,
+)
+_SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "ignore_eos")
+
+
+@dataclass(slots=True)
+class StageConfig:
+    """What every pipeline stage (Ray Data, datasets, CLI) is configured with.
+
+    Args:
+        model (str, default "demo"): ``"demo"`` or a local checkpoint folder.
+        engine_config (EngineConfig | dict | None): engine settings (a dict of its fields is fine).
+        prompt_column (str | None, default None): read prompts from this column instead of
+            ``prompt`` / ``messages`` / ``prompt_token_ids``.
+        should_continue_on_error (bool, default True): a bad row becomes an error row; False
+            raises instead.
+        max_tokens, temperature, top_p, top_k, seed, stop, stop_token_ids, ignore_eos: defaults
+            for rows without their own ``sampling_params`` (vLLM names; temperature 0 = greedy).
+    """
+
+    model: str = "demo"
+    engine_config: EngineConfig | dict | None = None
+    prompt_column: str | None = None
+    should_continue_on_error: bool = True
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.engine_config, dict):
+            self.engine_config = EngineConfig(**self.engine_config)
+        self.default_params()  # validate defaults eagerly: a bad default is a config error
+
+    def default_params(self) -> SamplingParams:
+        return SamplingParams(**{name: getattr(self, name) for name in _SAMPLING_FIELDS})
+
+
+@dataclass(slots=True)
+class PreparedRow:
+    """One input row: either a request for the engine or an error explaining why not."""
+
+    index: int
+    prompt: Any = None
+    params: SamplingParams | None = None
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class RowResult:
+    generated_text: str | None = None
+    generated_tokens: list[int] | None = None
+    num_input_tokens: int | None = None
+    num_generated_tokens: int | None = None
+    finish_reason: str | None = None
+    time_taken_llm: float | None = None
+    error: str | None = None
+
+    @classmethod
+    def from_output(cls, out: GenerationOutput) -> "RowResult":
+        return cls(
+            generated_text=out.text if out.error is None else None,
+            generated_tokens=list(out.token_ids),
+            num_input_tokens=out.num_input_tokens,
+            num_generated_tokens=out.num_generated_tokens,
+            finish_reason=out.finish_reason,
+            time_taken_llm=out.timings.finished_s,
+            error=out.error,
+        )
+
+    @classmethod
+    def failed(cls, error: str) -> "RowResult":
+        return cls(finish_reason="error", generated_tokens=[], num_generated_tokens=0, error=error)
+
+
+class RowError(BatchGenError, ValueError):
+    """A bad row, raised when ``should_continue_on_error=False``."""
+
+
+def prepare_rows(columns: dict[str, list], num_rows: int, config: StageConfig) -> list[PreparedRow]:
+    """Validate each row and build its prompt and sampling params (errors become data)."""
+    defaults = config.default_params()
+    prompt_column = _pick_prompt_column(columns, config)
+    params_column = columns.get(SAMPLING_PARAMS_COLUMN)
+    rows = []
+    for i in range(num_rows):
+        row = PreparedRow(index=i)
+        try:
+            row.prompt = _read_prompt(columns[prompt_column][i], prompt_column)
+            row.params = _row_params(params_column[i] if params_column is not None else None, defaults)
+        except (BatchGenError, TypeError, ValueError) as err:
+            row.prompt, row.params, row.error = None, None, str(err)
+        rows.append(row)
+    return rows
+
+
+def _pick_prompt_column(columns: dict[str, list], config: StageConfig) -> str:
+    if config.prompt_column is not None:
+        if config.prompt_column not in columns:
+            raise ConfigError(f"prompt_column {config.prompt_column!r} not in the batch columns {sorted(columns)}")
+        return config.prompt_column
+    for name in PROMPT_COLUMNS:
+        if name in columns:
+            return name
+    raise ConfigError(f"the batch has none of the prompt columns {list(PROMPT_COLUMNS)}; columns: {sorted(columns)}")
+
+
+def _read_prompt(value: Any, column: str) -> Any:
+    value = _to_python(value)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        raise RowError(f"missing prompt (column {column!r} is null)")
+    if isinstance(value, str):
+        if not value.strip():
+            raise RowError(f"empty prompt in column {column!r}")
+        return value
+    if isinstance(value, list):
+        if not value:
+            raise RowError(f"empty prompt in column {column!r}")
+        return value
+    raise RowError(f"prompt in column {column!r} must be a string, token-id list or messages list, got {type(value).__name__}")
+
+
+def _row_params(value: Any, defaults: SamplingParams) -> SamplingParams:
+    value = _to_python(value)
+    if value is None:
+        return defaults
+    if not isinstance(value, dict):
+        raise RowError(f"sampling_params must be a dict, got {type(value).__name__}")
+    merged = {name: getattr(defaults, name) for name in _SAMPLING_FIELDS}
+    # Arrow structs give every key (null where a row did not set it): null means "default".
+    merged.update({k: v for k, v in value.items() if v is not None})
+    if isinstance(merged.get("stop_token_ids"), tuple):
+        merged["stop_token_ids"] = list(merged["stop_token_ids"])
+    try:
+        return SamplingParams.from_dict(merged)
+    except ConfigError as err:
+        raise RowError(f"invalid sampling_params: {err}") from None
+
+
+def _to_python(value: Any) -> Any:
+    """numpy / pyarrow scalars and arrays to plain Python (lists, dicts, str, int)."""
+    if hasattr(value, "as_py"):
+        return value.as_py()
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        value = value.tolist()
+    if isinstance(value, list):
+        return [_to_python(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _to_python(v) for k, v in value.items()}
+    return value
+
+
+def output_columns(results: list[RowResult]) -> dict[str, list]:
+    """The added columns, one entry per input row, in input order."""
+    return {
+        "generated_text": [r.generated_text for r in results],
+        "generated_tokens": [r.generated_tokens for r in results],
+        "num_input_tokens": [r.num_input_tokens for r in results],
+        "num_generated_tokens": [r.num_generated_tokens for r in results],
+        "finish_reason": [r.finish_reason for r in results],
+        "time_taken_llm": [r.time_taken_llm for r in results],
+        ERROR_COLUMN: [r.error for r in results],
+    }
+
+
+def check_errors(rows: list[PreparedRow], results: list[RowResult], config: StageConfig) -> None:
+    """With ``should_continue_on_error=False``, the first bad row raises."""
+    if config.should_continue_on_error:
+        return
+    for row, result in zip(rows, results):
+        if result.error is not None:
+            raise RowError(f"row {row.index}: {result.error}")
