@@ -1,8 +1,12 @@
 """Vectorised sampling: greedy, temperature, top-k, top-p, with per-row seeds.
 
-Randomness is counter-based: each row's uniform draw is a hash of (seed, tokens generated so far),
-so a request's tokens do not depend on what else shares the batch, on how many requests are in
-flight, or on whether it was suspended and recomputed.
+Randomness is counter-based: each row's noise comes from a generator seeded with a hash of
+(seed, tokens generated so far), so a request's tokens do not depend on what else shares the
+batch, on how many requests are in flight, or on whether it was suspended and recomputed.
+Sampling is Gumbel-max (argmax of logits / T plus Gumbel noise): unlike an inverse CDF over a
+150k-token vocabulary, whose bucket edges move with the last bits of the logits, it only changes
+its pick when two perturbed scores tie to within float error, so the same seed gives the same
+tokens even when a different thread count or batch shape changes the logits by 1e-6.
 """
 
 from __future__ import annotations
@@ -56,14 +60,18 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     top_ps = [batch.top_ps[i] for i in rows]
     if any(p < 1.0 for p in top_ps):
         scaled = _apply_top_p(scaled, top_ps)
-    probs = torch.softmax(scaled, dim=-1)
-    cdf = torch.cumsum(probs, dim=-1)  # [n, V]
-    u = torch.from_numpy(counter_uniform([batch.seeds[i] for i in rows], [batch.steps[i] for i in rows]))
-    # Inverse CDF. u > 0, so a filtered (zero-probability, flat-cdf) token is never the first
-    # index whose cdf reaches u.
-    u = u.to(device=device, dtype=torch.float32).clamp_(min=1e-12)[:, None] * cdf[:, -1:]
-    tokens[idx] = torch.searchsorted(cdf, u).squeeze(1).clamp_(max=logits.shape[1] - 1)
+    gumbel = _gumbel_noise([batch.seeds[i] for i in rows], [batch.steps[i] for i in rows], scaled.shape[1])
+    tokens[idx] = (scaled + gumbel.to(device)).argmax(dim=-1)
     return tokens
+
+
+def _gumbel_noise(seeds: list[int], steps: list[int], vocab: int) -> torch.Tensor:
+    """[n, V] Gumbel(0, 1) noise; row i depends only on (seeds[i], steps[i])."""
+    keys = (counter_uniform(seeds, steps) * 2.0**53).astype(np.int64)  # 53-bit per-row seeds
+    uniform = torch.empty(len(seeds), vocab)
+    for row, key in enumerate(keys.tolist()):
+        uniform[row].uniform_(generator=torch.Generator().manual_seed(key))
+    return -torch.log(-torch.log(uniform.clamp_(min=1e-12, max=1.0 - 1e-7)))
 
 
 def _apply_top_k(scaled: torch.Tensor, top_ks: list[int]) -> torch.Tensor:

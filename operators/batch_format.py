@@ -6,6 +6,7 @@ same format with the output columns added under fixed types, so every batch has 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -32,7 +33,8 @@ def to_columns(batch: Any) -> tuple[dict[str, list], int]:
         return {name: batch.column(name).to_pylist() for name in batch.column_names}, batch.num_rows
     if _is_pandas(batch):
         return {name: batch[name].tolist() for name in batch.columns}, len(batch)
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):  # dicts, and datasets' LazyBatch
+        batch = {k: batch[k] for k in batch.keys()}
         lengths = {len(v) for v in batch.values()}
         if len(lengths) > 1:
             raise ValueError(f"batch columns have different lengths: {sorted(lengths)}")

@@ -10,17 +10,29 @@ lazily, once per process: fingerprinting is fast and identical across runs (a se
 
 from __future__ import annotations
 
+import os
+
+import torch
+
 from batchgen_data.engine import Engine
 from batchgen_data.operators.batch_format import to_columns, with_output_columns
 from batchgen_data.operators.rows import RowResult, StageConfig, check_errors, output_columns, prepare_rows
 
 # One engine per (model, engine config) per process, created on first use.
-_ENGINES: dict[str, Engine] = {}
+_ENGINES: dict[tuple[int, str], Engine] = {}
+# The process that imported this module; datasets' num_proc workers are forks of it.
+_IMPORT_PID = os.getpid()
 
 
 def _engine_for(config: StageConfig) -> Engine:
-    key = f"{config.model}|{config.engine_config!r}"
+    pid = os.getpid()
+    key = (pid, f"{config.model}|{config.engine_config!r}")
     if key not in _ENGINES:
+        if pid != _IMPORT_PID:
+            # A forked worker (num_proc > 1): GNU OpenMP's thread pool does not survive fork, so
+            # the first multi-threaded GEMM would hang if the parent ever ran one; the workers
+            # share the cores anyway, so each runs single-threaded.
+            torch.set_num_threads(1)
         _ENGINES[key] = Engine(config.model, config.engine_config)
     return _ENGINES[key]
 
@@ -31,12 +43,14 @@ class BatchGenMap:
     Takes the same arguments as ``BatchGenOperator`` and produces the same output columns.
     """
 
-    def __init__(self, model: str = "demo", engine_config=None, prompt_column=None,
+    def __init__(self, model: str = "demo", engine_config=None, prompt_column=None, prompt_template=None,
                  should_continue_on_error: bool = True, **sampling_defaults):
         self.config = StageConfig(model=model, engine_config=engine_config, prompt_column=prompt_column,
+                                  prompt_template=prompt_template,
                                   should_continue_on_error=should_continue_on_error, **sampling_defaults)
 
     def __call__(self, batch: dict) -> dict:
+        batch = {k: batch[k] for k in batch.keys()}  # datasets hands a LazyBatch mapping
         columns, num_rows = to_columns(batch)
         rows = prepare_rows(columns, num_rows, self.config)
         valid = [r for r in rows if r.error is None]
@@ -46,7 +60,7 @@ class BatchGenMap:
             for row, out in zip(valid, outputs):
                 results[row.index] = RowResult.from_output(out)
         check_errors(rows, results, self.config)
-        return with_output_columns(dict(batch), output_columns(results))
+        return with_output_columns(batch, output_columns(results))
 
     def __getstate__(self) -> dict:
         return {"config": self.config}

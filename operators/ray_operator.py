@@ -33,6 +33,7 @@ class BatchGenOperator:
         engine_config (EngineConfig | dict | None): engine settings.
         prompt_column (str | None): column to read prompts from (default: ``prompt``,
             ``messages`` or ``prompt_token_ids``, whichever the batch has).
+        prompt_template (str | None): build prompts with ``prompt_template.format(**row)``.
         should_continue_on_error (bool, default True): bad rows become error rows; False raises.
         **sampling_defaults: ``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``,
             ``stop``, ``stop_token_ids``, ``ignore_eos`` for rows without ``sampling_params``.
@@ -43,9 +44,10 @@ class BatchGenOperator:
     input row, in input order.
     """
 
-    def __init__(self, model: str = "demo", engine_config=None, prompt_column=None,
+    def __init__(self, model: str = "demo", engine_config=None, prompt_column=None, prompt_template=None,
                  should_continue_on_error: bool = True, **sampling_defaults):
         self.config = StageConfig(model=model, engine_config=engine_config, prompt_column=prompt_column,
+                                  prompt_template=prompt_template,
                                   should_continue_on_error=should_continue_on_error, **sampling_defaults)
         self.engine = AsyncEngine(Engine(model, self.config.engine_config))
         self._rows_in_flight = 0

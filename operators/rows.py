@@ -40,6 +40,8 @@ class StageConfig:
         engine_config (EngineConfig | dict | None): engine settings (a dict of its fields is fine).
         prompt_column (str | None, default None): read prompts from this column instead of
             ``prompt`` / ``messages`` / ``prompt_token_ids``.
+        prompt_template (str | None, default None): build each row's prompt with
+            ``prompt_template.format(**row)`` (``{column}`` placeholders) instead.
         should_continue_on_error (bool, default True): a bad row becomes an error row; False
             raises instead.
         max_tokens, temperature, top_p, top_k, seed, stop, stop_token_ids, ignore_eos: defaults
@@ -49,6 +51,7 @@ class StageConfig:
     model: str = "demo"
     engine_config: EngineConfig | dict | None = None
     prompt_column: str | None = None
+    prompt_template: str | None = None
     should_continue_on_error: bool = True
     max_tokens: int = 256
     temperature: float = 0.0
@@ -112,13 +115,16 @@ class RowError(BatchGenError, ValueError):
 def prepare_rows(columns: dict[str, list], num_rows: int, config: StageConfig) -> list[PreparedRow]:
     """Validate each row and build its prompt and sampling params (errors become data)."""
     defaults = config.default_params()
-    prompt_column = _pick_prompt_column(columns, config)
+    prompt_column = None if config.prompt_template else _pick_prompt_column(columns, config)
     params_column = columns.get(SAMPLING_PARAMS_COLUMN)
     rows = []
     for i in range(num_rows):
         row = PreparedRow(index=i)
         try:
-            row.prompt = _read_prompt(columns[prompt_column][i], prompt_column)
+            if prompt_column is None:
+                row.prompt = _format_prompt(config.prompt_template, columns, i)
+            else:
+                row.prompt = _read_prompt(columns[prompt_column][i], prompt_column)
             row.params = _row_params(params_column[i] if params_column is not None else None, defaults)
         except (BatchGenError, TypeError, ValueError) as err:
             row.prompt, row.params, row.error = None, None, str(err)
@@ -137,9 +143,22 @@ def _pick_prompt_column(columns: dict[str, list], config: StageConfig) -> str:
     raise ConfigError(f"the batch has none of the prompt columns {list(PROMPT_COLUMNS)}; columns: {sorted(columns)}")
 
 
+def _format_prompt(template: str, columns: dict[str, list], index: int) -> str:
+    values = {name: _to_python(column[index]) for name, column in columns.items()}
+    try:
+        prompt = template.format(**values)
+    except KeyError as err:
+        raise RowError(f"prompt_template needs column {err.args[0]!r}, not in {sorted(columns)}") from None
+    except (IndexError, ValueError) as err:
+        raise RowError(f"prompt_template could not be filled: {err}") from None
+    if not prompt.strip():
+        raise RowError("prompt_template produced an empty prompt")
+    return prompt
+
+
 def _read_prompt(value: Any, column: str) -> Any:
     value = _to_python(value)
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if _is_null(value):
         raise RowError(f"missing prompt (column {column!r} is null)")
     if isinstance(value, str):
         if not value.strip():
@@ -154,19 +173,36 @@ def _read_prompt(value: Any, column: str) -> Any:
 
 def _row_params(value: Any, defaults: SamplingParams) -> SamplingParams:
     value = _to_python(value)
-    if value is None:
+    if _is_null(value):  # absent; pandas shows a missing struct as NaN
         return defaults
     if not isinstance(value, dict):
         raise RowError(f"sampling_params must be a dict, got {type(value).__name__}")
     merged = {name: getattr(defaults, name) for name in _SAMPLING_FIELDS}
     # Arrow structs give every key (null where a row did not set it): null means "default".
-    merged.update({k: v for k, v in value.items() if v is not None})
-    if isinstance(merged.get("stop_token_ids"), tuple):
-        merged["stop_token_ids"] = list(merged["stop_token_ids"])
+    merged.update({k: _coerce(k, v) for k, v in value.items() if not _is_null(v)})
     try:
         return SamplingParams.from_dict(merged)
     except ConfigError as err:
         raise RowError(f"invalid sampling_params: {err}") from None
+
+
+_INT_FIELDS = ("max_tokens", "top_k", "seed")
+
+
+def _is_null(value: Any) -> bool:
+    """None, NaN, or pandas' NA / NaT (how pandas batches show missing values)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return True
+    return type(value).__name__ in ("NAType", "NaTType")
+
+
+def _coerce(name: str, value: Any) -> Any:
+    """pandas turns nullable ints inside structs into floats (3 -> 3.0): take integral ones back."""
+    if name in _INT_FIELDS and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if name == "stop_token_ids" and isinstance(value, (list, tuple)):
+        return [int(v) if isinstance(v, float) and v.is_integer() else v for v in value]
+    return value
 
 
 def _to_python(value: Any) -> Any:
