@@ -73,3 +73,37 @@ def test_two_actors_and_parquet_roundtrip(ray_cluster, demo_path, reference_outp
     assert sorted((r["copy"], r["id"]) for r in out) == sorted((r["copy"], r["id"]) for r in rows)
     check_output_rows(out, reference_outputs)
     assert sum(1 for r in out if r["__inference_error__"]) == 3 * len(BAD_ROWS)
+
+
+class _DiesOnceOperator(BatchGenOperator):
+    """The first actor's engine fails mid-batch (a fatal engine error), later actors are healthy."""
+
+    def __init__(self, marker: str, **kwargs):
+        super().__init__(**kwargs)
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            engine = self.engine.engine
+
+            def broken_step():
+                raise RuntimeError("simulated device failure")
+
+            engine.step = broken_step
+
+
+def test_engine_death_restarts_the_actor_and_retries_the_batch(ray_cluster, demo_path, reference_outputs, tmp_path):
+    import sys
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the test module is not installed
+    rows = mixed_rows()
+    ds = ray.data.from_items(rows)
+    out = ds.map_batches(
+        _DiesOnceOperator,
+        fn_constructor_kwargs={"marker": str(tmp_path / "died"), "model": str(demo_path),
+                               "engine_config": ENGINE_CONFIG, "max_tokens": MAX_TOKENS},
+        batch_size=4,
+        compute=ray.data.ActorPoolStrategy(size=1, max_concurrent_calls_per_actor=2),
+        num_cpus=0.5,
+    ).take_all()
+    assert (tmp_path / "died").exists()
+    assert sorted(r["id"] for r in out) == sorted(r["id"] for r in rows)  # each row exactly once
+    check_output_rows(out, reference_outputs)
