@@ -116,6 +116,7 @@ class Engine:
         self._num_generated = 0
         self._busy_s = 0.0
         self._start = time.perf_counter()
+        self.start_wall = time.time()  # wall clock at engine start: aligns timelines across processes
         self.timeline: list[dict] = []
 
     # -- requests -------------------------------------------------------------------------------

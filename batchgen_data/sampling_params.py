@@ -78,6 +78,10 @@ class SamplingParams:
     def stop_strings(self) -> tuple[str, ...]:
         return self._stop_strings
 
+    def to_dict(self) -> dict:
+        """The public fields as plain data (what ``from_dict`` takes back)."""
+        return {f: getattr(self, f) for f in self.__dataclass_fields__ if not f.startswith("_")}
+
     @classmethod
     def from_dict(cls, values: dict) -> "SamplingParams":
         """Build from a dict with vLLM / Ray Data LLM names; unknown keys are an error."""

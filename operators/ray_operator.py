@@ -35,6 +35,11 @@ class BatchGenOperator:
             ``messages`` or ``prompt_token_ids``, whichever the batch has).
         prompt_template (str | None): build prompts with ``prompt_template.format(**row)``.
         should_continue_on_error (bool, default True): bad rows become error rows; False raises.
+        rebalance (bool | None, default None): share work with the stage's other actors through
+            a coordinator's pool (MIGRATE of unstarted rows, lease recovery after actor death);
+            None turns it on inside Ray actors. ``False`` keeps each batch on its actor.
+        lease_timeout_s (float, default 30): how long a silent actor keeps leased rows before
+            they go back to the pool.
         **sampling_defaults: ``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``,
             ``stop``, ``stop_token_ids``, ``ignore_eos`` for rows without ``sampling_params``.
 
@@ -45,11 +50,22 @@ class BatchGenOperator:
     """
 
     def __init__(self, model: str = "demo", engine_config=None, prompt_column=None, prompt_template=None,
-                 should_continue_on_error: bool = True, **sampling_defaults):
+                 should_continue_on_error: bool = True, rebalance: bool | None = None,
+                 lease_timeout_s: float = 30.0, stats_dir: str | None = None, **sampling_defaults):
         self.config = StageConfig(model=model, engine_config=engine_config, prompt_column=prompt_column,
                                   prompt_template=prompt_template,
                                   should_continue_on_error=should_continue_on_error, **sampling_defaults)
         self.engine = AsyncEngine(Engine(model, self.config.engine_config))
+        self.stats_dir = stats_dir
+        if stats_dir is not None:
+            self.engine.engine.config.collect_timeline = True
+        if rebalance is None:  # on inside a Ray actor (several actors share a pool), off elsewhere
+            rebalance = _in_ray_actor()
+        self.rebalancer = None
+        if rebalance:
+            from batchgen_data.operators.rebalance import RebalanceClient
+
+            self.rebalancer = RebalanceClient(self.engine, repr(self.config), lease_timeout_s)
         self._rows_in_flight = 0
         self._peak_rows_in_flight = 0
         self._num_calls = 0
@@ -62,7 +78,12 @@ class BatchGenOperator:
         results = [RowResult.failed(r.error) if r.error is not None else None for r in rows]
         self._track(len(valid))
         try:
-            outputs = await self.engine.generate([r.prompt for r in valid], [r.params for r in valid])
+            routed = None
+            if self.rebalancer is not None and valid:
+                routed = await self.rebalancer.run_batch([r.prompt for r in valid], [r.params for r in valid])
+            if routed is None:
+                outputs = await self.engine.generate([r.prompt for r in valid], [r.params for r in valid])
+                routed = [RowResult.from_output(out) for out in outputs]
         except EngineDeadError:
             # Raising alone would send Ray's retries back to this dead actor forever (Ray Data
             # LLM learned this); exiting the process makes Ray restart the actor and retry the
@@ -71,9 +92,11 @@ class BatchGenOperator:
             os._exit(1)
         finally:
             self._rows_in_flight -= len(valid)
-        for row, out in zip(valid, outputs):
-            results[row.index] = RowResult.from_output(out)
+        for row, result in zip(valid, routed):
+            results[row.index] = result
         check_errors(rows, results, self.config)
+        if self.stats_dir is not None:
+            self._write_stats()
         return with_output_columns(batch, output_columns(results))
 
     def _track(self, num_rows: int) -> None:
@@ -90,7 +113,36 @@ class BatchGenOperator:
                 self._peak_rows_in_flight, target,
             )
 
+    def _write_stats(self) -> None:
+        """Benchmark instrumentation: this actor's engine timeline and counters, as JSON."""
+        import json
+        from dataclasses import asdict
+        from pathlib import Path
+
+        engine = self.engine.engine
+        report = {"pid": os.getpid(), "engine": asdict(engine.stats()), "rebalance": self.rebalance_stats(),
+                  "start_wall": engine.start_wall, "timeline": engine.timeline}
+        path = Path(self.stats_dir) / f"actor-{os.getpid()}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(report))
+        os.replace(tmp, path)
+
+    def rebalance_stats(self) -> dict:
+        """This actor's rebalancing counters (items leased, run for other owners, idle time)."""
+        from dataclasses import asdict
+
+        return {} if self.rebalancer is None else asdict(self.rebalancer.stats)
+
     def __del__(self):
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.shutdown(timeout=1.0)
+
+
+def _in_ray_actor() -> bool:
+    try:
+        import ray
+
+        return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
+    except Exception:
+        return False

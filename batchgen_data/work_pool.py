@@ -1,0 +1,155 @@
+"""The shared work pool of one ``map_batches`` stage: items, leases, results. Pure Python.
+
+Owners (the operator actors Ray Data hands batches to) submit their rows as items; every actor's
+engine leases items to keep its running set full and completes them; an owner collects its
+batch's results and emits the rows. Exactly-once output follows from three rules:
+
+1. Only the owner emits a row, once, from the results of its own batch call; Ray Data keeps the
+   output of one successful call per batch (a retried call's owner resubmits the same batch key
+   and gets the finished results, or waits for the rest).
+2. A result is recorded once per item (the first completion wins); a late duplicate, from a lease
+   that expired while its worker was merely slow, is dropped.
+3. A lease ends with a result, with a release, or with the worker's death or lease expiry, and
+   then the item goes back to ``pending``: no leased item is ever lost.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class WorkItem:
+    item_id: str  # "<batch key>/<row index>"
+    batch_key: str
+    owner: str
+    prompt: Any
+    params: dict  # SamplingParams fields, plain data
+    attempts: int = 0
+
+
+@dataclass(slots=True)
+class _Lease:
+    worker: str
+    deadline: float
+
+
+@dataclass(slots=True)
+class PoolCounters:
+    num_submitted: int = 0
+    num_completed: int = 0
+    num_moved: int = 0  # completed by a worker other than the owner
+    num_requeued: int = 0  # leases returned after a worker death or expiry (work redone)
+    num_duplicates_dropped: int = 0
+    leased_by_worker: dict = field(default_factory=dict)
+
+
+class WorkPool:
+    def __init__(self, lease_timeout_s: float = 30.0):
+        self.lease_timeout_s = lease_timeout_s
+        self.items: dict[str, WorkItem] = {}
+        self.pending: deque[str] = deque()
+        self.leases: dict[str, _Lease] = {}
+        self.results: dict[str, Any] = {}
+        self.batches: dict[str, list[str]] = {}
+        self.batch_waiters: dict[str, int] = {}
+        self.counters = PoolCounters()
+
+    # -- owners ---------------------------------------------------------------------------------
+
+    def submit(self, batch_key: str, owner: str, rows: list[tuple[Any, dict]]) -> None:
+        """Add a batch's rows; a batch key seen before (a retry, or identical rows) adds nothing."""
+        self.batch_waiters[batch_key] = self.batch_waiters.get(batch_key, 0) + 1
+        if batch_key in self.batches:
+            return
+        ids = []
+        for index, (prompt, params) in enumerate(rows):
+            item_id = f"{batch_key}/{index}"
+            self.items[item_id] = WorkItem(item_id, batch_key, owner, prompt, params)
+            self.pending.append(item_id)
+            ids.append(item_id)
+        self.batches[batch_key] = ids
+        self.counters.num_submitted += len(ids)
+
+    def batch_done(self, batch_key: str) -> bool:
+        return all(i in self.results for i in self.batches.get(batch_key, ()))
+
+    def take_batch(self, batch_key: str) -> list[Any]:
+        """The batch's results in row order; forgotten once its last waiter has them."""
+        results = [self.results[i] for i in self.batches[batch_key]]
+        self.batch_waiters[batch_key] -= 1
+        if self.batch_waiters[batch_key] <= 0:
+            for item_id in self.batches.pop(batch_key):
+                self.results.pop(item_id, None)
+                self.items.pop(item_id, None)
+            del self.batch_waiters[batch_key]
+        return results
+
+    # -- workers --------------------------------------------------------------------------------
+
+    def lease(self, worker: str, max_items: int, now: float) -> list[WorkItem]:
+        """Up to ``max_items`` pending items, the worker's own batches' items first."""
+        self.expire(now)
+        taken: list[WorkItem] = []
+        if max_items <= 0 or not self.pending:
+            return taken
+        own = [i for i in self.pending if self.items[i].owner == worker]
+        others = [i for i in self.pending if self.items[i].owner != worker]
+        for item_id in (own + others)[:max_items]:
+            self.pending.remove(item_id)
+            item = self.items[item_id]
+            item.attempts += 1
+            self.leases[item_id] = _Lease(worker, now + self.lease_timeout_s)
+            taken.append(item)
+        self.counters.leased_by_worker[worker] = self.counters.leased_by_worker.get(worker, 0) + len(taken)
+        return taken
+
+    def heartbeat(self, worker: str, now: float) -> None:
+        for lease in self.leases.values():
+            if lease.worker == worker:
+                lease.deadline = now + self.lease_timeout_s
+
+    def complete(self, worker: str, item_id: str, result: Any) -> bool:
+        """Record a result; False if the item already has one (or is gone)."""
+        if item_id not in self.items or item_id in self.results:
+            self.counters.num_duplicates_dropped += 1
+            return False
+        self.results[item_id] = result
+        lease = self.leases.pop(item_id, None)
+        if item_id in self.pending:  # finished by a worker whose lease had expired
+            self.pending.remove(item_id)
+        self.counters.num_completed += 1
+        if worker != self.items[item_id].owner:
+            self.counters.num_moved += 1
+        del lease
+        return True
+
+    def release(self, worker: str, item_ids: list[str]) -> None:
+        """Give back leased items the worker will not run (they go to the front of the queue)."""
+        for item_id in item_ids:
+            lease = self.leases.get(item_id)
+            if lease is not None and lease.worker == worker and item_id not in self.results:
+                del self.leases[item_id]
+                self.pending.appendleft(item_id)
+
+    def worker_died(self, worker: str) -> int:
+        lost = [i for i, lease in self.leases.items() if lease.worker == worker]
+        for item_id in lost:
+            del self.leases[item_id]
+            self.pending.appendleft(item_id)
+        self.counters.num_requeued += len(lost)
+        return len(lost)
+
+    def expire(self, now: float) -> int:
+        expired = [i for i, lease in self.leases.items() if lease.deadline < now]
+        for item_id in expired:
+            del self.leases[item_id]
+            self.pending.appendleft(item_id)
+        self.counters.num_requeued += len(expired)
+        return len(expired)
+
+    @property
+    def num_outstanding(self) -> int:
+        return len(self.pending) + len(self.leases)

@@ -1,0 +1,92 @@
+"""The shared work pool's exactly-once bookkeeping, without Ray."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from batchgen_data.work_pool import WorkPool
+
+
+def _rows(n: int) -> list[tuple[str, dict]]:
+    return [(f"prompt {i}", {"max_tokens": 4}) for i in range(n)]
+
+
+def test_owner_items_first_and_results_in_row_order():
+    pool = WorkPool()
+    pool.submit("a", "owner-a", _rows(3))
+    pool.submit("b", "owner-b", _rows(2))
+    leased = pool.lease("owner-b", 3, now=0.0)
+    assert [i.item_id for i in leased] == ["b/0", "b/1", "a/0"]
+    for item in leased:
+        pool.complete("owner-b", item.item_id, f"r{item.item_id}")
+    for item in pool.lease("owner-a", 10, now=0.0):
+        pool.complete("owner-a", item.item_id, f"r{item.item_id}")
+    assert pool.batch_done("a") and pool.take_batch("a") == ["ra/0", "ra/1", "ra/2"]
+    assert pool.counters.num_moved == 1  # a/0 ran on owner-b
+    assert "a" not in pool.batches  # forgotten once taken
+
+
+def test_expired_and_dead_workers_leases_return_and_late_duplicates_drop():
+    pool = WorkPool(lease_timeout_s=5.0)
+    pool.submit("a", "w1", _rows(2))
+    first = pool.lease("w1", 2, now=0.0)
+    assert pool.lease("w2", 2, now=1.0) == []
+    retaken = pool.lease("w2", 2, now=10.0)  # w1's leases expired
+    assert sorted(i.item_id for i in retaken) == sorted(i.item_id for i in first)
+    assert pool.complete("w2", "a/0", "x") and not pool.complete("w1", "a/0", "late")
+    assert pool.worker_died("w2") == 1
+    [again] = pool.lease("w3", 5, now=11.0)
+    assert again.item_id == "a/1" and again.attempts == 3
+    pool.complete("w3", "a/1", "y")
+    assert pool.take_batch("a") == ["x", "y"]
+
+
+def test_retried_batch_gets_the_same_results_once_per_waiter():
+    pool = WorkPool()
+    pool.submit("k", "w1", _rows(1))
+    pool.submit("k", "w2", _rows(1))  # the owner died; Ray retried the batch elsewhere
+    assert pool.num_outstanding == 1  # not duplicated
+    [item] = pool.lease("w2", 1, now=0.0)
+    pool.complete("w2", item.item_id, "r")
+    assert pool.take_batch("k") == ["r"]
+    assert pool.take_batch("k") == ["r"]  # the second waiter too
+    assert not pool.batches
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["lease", "complete", "die", "expire", "release"]),
+                          st.integers(0, 2), st.integers(1, 4)), max_size=60),
+       st.lists(st.integers(1, 4), min_size=1, max_size=4))
+def test_every_item_gets_exactly_one_result(ops, batch_sizes):
+    pool = WorkPool(lease_timeout_s=3.0)
+    workers = ["w0", "w1", "w2"]
+    for b, size in enumerate(batch_sizes):
+        pool.submit(f"b{b}", workers[b % 3], _rows(size))
+    held: dict[str, list[str]] = {w: [] for w in workers}
+    now = 0.0
+    for op, w, n in ops:
+        now += 1.0
+        worker = workers[w]
+        if op == "lease":
+            held[worker] += [i.item_id for i in pool.lease(worker, n, now)]
+        elif op == "complete" and held[worker]:
+            pool.complete(worker, held[worker].pop(0), "done")
+        elif op == "die":
+            pool.worker_died(worker)
+            held[worker] = []
+        elif op == "expire":
+            now += 10.0
+            pool.expire(now)
+        elif op == "release" and held[worker]:
+            pool.release(worker, held[worker][:n])
+            held[worker] = held[worker][n:]
+    # Drain: a healthy worker finishes whatever is left (late completions are allowed too).
+    while pool.num_outstanding:
+        now += 100.0
+        for item in pool.lease("drain", 100, now):
+            pool.complete("drain", item.item_id, "done")
+    for b, size in enumerate(batch_sizes):
+        assert pool.batch_done(f"b{b}")
+        assert pool.take_batch(f"b{b}") == ["done"] * size
+    assert pool.counters.num_completed == sum(batch_sizes)
