@@ -38,7 +38,7 @@ class BatchGenOperator:
         rebalance (bool | None, default None): share work with the stage's other actors through
             a coordinator's pool (MIGRATE of unstarted rows, lease recovery after actor death);
             None turns it on inside Ray actors. ``False`` keeps each batch on its actor.
-        lease_timeout_s (float, default 30): how long a silent actor keeps leased rows before
+        lease_timeout_s (float, default 15): how long a silent actor keeps leased rows before
             they go back to the pool.
         **sampling_defaults: ``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``,
             ``stop``, ``stop_token_ids``, ``ignore_eos`` for rows without ``sampling_params``.
@@ -51,7 +51,7 @@ class BatchGenOperator:
 
     def __init__(self, model: str = "demo", engine_config=None, prompt_column=None, prompt_template=None,
                  should_continue_on_error: bool = True, rebalance: bool | None = None,
-                 lease_timeout_s: float = 30.0, stats_dir: str | None = None, **sampling_defaults):
+                 lease_timeout_s: float = 15.0, stats_dir: str | None = None, **sampling_defaults):
         self.config = StageConfig(model=model, engine_config=engine_config, prompt_column=prompt_column,
                                   prompt_template=prompt_template,
                                   should_continue_on_error=should_continue_on_error, **sampling_defaults)

@@ -15,12 +15,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 import pickle
 import time
 import uuid
 from dataclasses import asdict, dataclass
 
-from batchgen_data.async_engine import AsyncEngine
+from batchgen_data.async_engine import AsyncEngine, EngineDeadError
 from batchgen_data.coordinator import NAMESPACE, coordinator_name, get_or_create_coordinator
 from batchgen_data.operators.rows import RowResult
 from batchgen_data.sampling_params import SamplingParams
@@ -108,7 +109,13 @@ class RebalanceClient:
             await asyncio.sleep(0 if items else _IDLE_POLL_S)
 
     async def _run_item(self, item_id: str, prompt, params: dict) -> None:
-        [out] = await self.engine.generate([prompt], [SamplingParams.from_dict(params)])
+        try:
+            [out] = await self.engine.generate([prompt], [SamplingParams.from_dict(params)])
+        except EngineDeadError:
+            # Same rule as the owner path: exit so Ray restarts this actor; the leases it held
+            # expire back into the pool and healthy actors redo them.
+            logger.critical("batchgen engine died; exiting the actor so Ray restarts it", exc_info=True)
+            os._exit(1)
         result = asdict(RowResult.from_output(out))
         try:
             await self._handle().complete.remote(self.worker_id, item_id, result)
