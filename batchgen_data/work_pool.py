@@ -20,6 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+# A worker that asked for work this recently counts as active when sharing out pending items.
+_ACTIVE_WINDOW_S = 1.0
+
+
 @dataclass(slots=True)
 class WorkItem:
     item_id: str  # "<batch key>/<row index>"
@@ -28,6 +32,11 @@ class WorkItem:
     prompt: Any
     params: dict  # SamplingParams fields, plain data
     attempts: int = 0
+
+    @property
+    def cost(self) -> int:
+        """Work estimate in tokens: the output budget dominates a decode-bound batch job."""
+        return int(self.params.get("max_tokens") or 256) + 1
 
 
 @dataclass(slots=True)
@@ -55,6 +64,7 @@ class WorkPool:
         self.results: dict[str, Any] = {}
         self.batches: dict[str, list[str]] = {}
         self.batch_waiters: dict[str, int] = {}
+        self.last_seen: dict[str, float] = {}  # worker -> last lease call (who is active)
         self.counters = PoolCounters()
 
     # -- owners ---------------------------------------------------------------------------------
@@ -90,14 +100,32 @@ class WorkPool:
     # -- workers --------------------------------------------------------------------------------
 
     def lease(self, worker: str, max_items: int, now: float) -> list[WorkItem]:
-        """Up to ``max_items`` pending items, the worker's own batches' items first."""
+        """Up to ``max_items`` pending items, the worker's own batches' items first.
+
+        A worker holds at most its fair share of the outstanding work (pending plus leased, in
+        estimated tokens, over the active workers, active = asked recently), so an owner does not
+        hoard long rows another actor would start now. A worker holding nothing always gets one.
+        """
         self.expire(now)
+        self.last_seen[worker] = now
         taken: list[WorkItem] = []
         if max_items <= 0 or not self.pending:
             return taken
         own = [i for i in self.pending if self.items[i].owner == worker]
         others = [i for i in self.pending if self.items[i].owner != worker]
-        for item_id in (own + others)[:max_items]:
+        active = sum(1 for t in self.last_seen.values() if now - t < _ACTIVE_WINDOW_S)
+        held = sum(self.items[i].cost for i, lease in self.leases.items() if lease.worker == worker)
+        outstanding = sum(self.items[i].cost for i in self.pending) + sum(self.items[i].cost for i in self.leases)
+        quota = -(-outstanding // max(active, 1)) - held
+        if quota <= 0 and held > 0:
+            return taken  # over its share already; a worker holding nothing always gets one item
+        chosen = []
+        for item_id in own + others:
+            if len(chosen) == max_items or (chosen and quota < self.items[item_id].cost):
+                break
+            chosen.append(item_id)
+            quota -= self.items[item_id].cost
+        for item_id in chosen:
             self.pending.remove(item_id)
             item = self.items[item_id]
             item.attempts += 1

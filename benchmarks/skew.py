@@ -46,7 +46,9 @@ def run_case(ray, rows, args, rebalance: bool, stats_dir: Path) -> dict:
         fn_constructor_kwargs={"model": args.model, "engine_config": {"max_num_seqs": args.max_num_seqs},
                                "rebalance": rebalance, "stats_dir": str(stats_dir)},
         batch_size=args.batch_size,
-        compute=ray.data.ActorPoolStrategy(size=args.actors, max_concurrent_calls_per_actor=args.concurrency),
+        compute=ray.data.ActorPoolStrategy(size=args.actors, max_concurrent_calls_per_actor=args.concurrency,
+                                           # no batches queued behind a busy actor's running ones
+                                           max_tasks_in_flight_per_actor=args.concurrency),
         num_cpus=0.5,
     ).take_all()
     wall = time.time() - start
@@ -65,15 +67,15 @@ def run_case(ray, rows, args, rebalance: bool, stats_dir: Path) -> dict:
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="demo")
-    parser.add_argument("--rows", type=int, default=160)
-    parser.add_argument("--long-rows", type=int, default=24)
+    parser.add_argument("--rows", type=int, default=256)
+    parser.add_argument("--long-rows", type=int, default=64)
     parser.add_argument("--short-tokens", type=int, default=8)
-    parser.add_argument("--long-tokens", type=int, default=160)
-    parser.add_argument("--blocks", type=int, default=10)
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--long-tokens", type=int, default=64)
+    parser.add_argument("--blocks", type=int, default=4)
+    parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--actors", type=int, default=2)
-    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--max-num-seqs", type=int, default=128)
     parser.add_argument("--out", type=Path, default=Path("runs/skew"))
     args = parser.parse_args(argv)
 

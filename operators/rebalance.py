@@ -8,6 +8,10 @@ NOTE: how one actor takes part.
     keep its leases alive, and a dead worker's leases expire back into the pool.
   * If the coordinator cannot be reached, the owner runs its batch on its own engine: the job
     completes without rebalancing rather than losing rows.
+  * Ray Data shuts an actor down once it has no call in flight and no input is left, so an actor
+    leases only while one of its own calls is open, and its last open call stays open while the
+    pool still has work for it (the tail is exactly when that matters) and until the items it
+    leased are done: an actor is never stopped while holding leases.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ logger = logging.getLogger(__name__)
 
 _HEARTBEAT_S = 2.0
 _IDLE_POLL_S = 0.05
+# How long an actor's last open call waits for more pool work before returning.
+_TAIL_GRACE_S = 1.0
 
 
 @dataclass(slots=True)
@@ -54,6 +60,9 @@ class RebalanceClient:
         self._loop_task: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
         self._coordinator_ok = True
+        self._open_calls = 0
+        self._items_in_flight = 0
+        self._last_lease_nonempty = 0.0
 
     def _handle(self):
         if self._coordinator is None:
@@ -65,6 +74,7 @@ class RebalanceClient:
         self._ensure_loop()
         rows = [(p, sp.to_dict()) for p, sp in zip(prompts, params)]
         batch_key = hashlib.sha1(pickle.dumps(rows)).hexdigest()
+        self._open_calls += 1
         try:
             coordinator = self._handle()
             await coordinator.submit.remote(batch_key, self.worker_id, rows)
@@ -74,7 +84,22 @@ class RebalanceClient:
             self._coordinator_ok = False
             self.stats.num_fallback_batches += 1
             return None
+        finally:
+            if self._open_calls == 1:
+                await self._drain_leased_items()
+            self._open_calls -= 1
         return [RowResult(**r) for r in results]
+
+    async def _drain_leased_items(self) -> None:
+        """Hold the actor's last open call while it still has pool work (leased, or leasable
+        within ``_TAIL_GRACE_S``); a new call arriving keeps the actor alive instead."""
+        deadline = time.monotonic() + _TAIL_GRACE_S
+        while self._open_calls == 1 and self._coordinator_ok:
+            if self._items_in_flight > 0 or self._last_lease_nonempty > time.monotonic() - _TAIL_GRACE_S:
+                deadline = time.monotonic() + _TAIL_GRACE_S
+            elif time.monotonic() > deadline:
+                return
+            await asyncio.sleep(_IDLE_POLL_S)
 
     def _ensure_loop(self) -> None:
         if self._loop_task is None:
@@ -91,24 +116,37 @@ class RebalanceClient:
                 self.stats.busy_s += now - last
             last = now
             room = self.engine.engine.config.max_num_seqs - self.engine.num_unfinished
+            if self._open_calls == 0:
+                room = 0  # no call to keep it alive: Ray Data may stop this actor at any moment
             try:
                 coordinator = self._handle()
                 if now - last_heartbeat > _HEARTBEAT_S:
                     await coordinator.heartbeat.remote(self.worker_id)
                     last_heartbeat = now
-                items = await coordinator.lease.remote(self.worker_id, room) if room > 0 else []
+                # Ask even with no room while a call is open: it marks this actor active, so the
+                # pool saves it a fair share of other owners' rows for when room frees up.
+                items = await coordinator.lease.remote(self.worker_id, room) if self._open_calls else []
             except Exception as err:
                 logger.warning("work pool unavailable (%s); this actor stops pulling work", err)
                 self._coordinator_ok = False
                 return
             for item in items:
+                self._items_in_flight += 1
                 task = asyncio.get_running_loop().create_task(self._run_item(*item))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
             self.stats.num_leased += len(items)
+            if items:
+                self._last_lease_nonempty = time.monotonic()
             await asyncio.sleep(0 if items else _IDLE_POLL_S)
 
     async def _run_item(self, item_id: str, prompt, params: dict) -> None:
+        try:
+            await self._run_and_complete(item_id, prompt, params)
+        finally:
+            self._items_in_flight -= 1
+
+    async def _run_and_complete(self, item_id: str, prompt, params: dict) -> None:
         try:
             [out] = await self.engine.generate([prompt], [SamplingParams.from_dict(params)])
         except EngineDeadError:

@@ -20,11 +20,22 @@ def test_owner_items_first_and_results_in_row_order():
     assert [i.item_id for i in leased] == ["b/0", "b/1", "a/0"]
     for item in leased:
         pool.complete("owner-b", item.item_id, f"r{item.item_id}")
-    for item in pool.lease("owner-a", 10, now=0.0):
-        pool.complete("owner-a", item.item_id, f"r{item.item_id}")
+    while pool.pending:  # owner-a drains the rest, a fair share per call
+        for item in pool.lease("owner-a", 10, now=0.0):
+            pool.complete("owner-a", item.item_id, f"r{item.item_id}")
     assert pool.batch_done("a") and pool.take_batch("a") == ["ra/0", "ra/1", "ra/2"]
     assert pool.counters.num_moved == 1  # a/0 ran on owner-b
     assert "a" not in pool.batches  # forgotten once taken
+
+
+def test_a_worker_takes_only_its_fair_share_while_others_are_active():
+    pool = WorkPool()
+    pool.submit("a", "owner-a", _rows(8))
+    pool.lease("helper", 0, now=0.0)  # the helper is asking for work too
+    mine = pool.lease("owner-a", 100, now=0.5)
+    assert len(mine) == 4  # half of the 8 pending rows
+    assert len(pool.lease("helper", 100, now=0.6)) == 4
+    assert len(pool.lease("owner-a", 100, now=5.0)) == 0
 
 
 def test_expired_and_dead_workers_leases_return_and_late_duplicates_drop():
