@@ -9,14 +9,13 @@ import logging
 import os
 import random
 import time
-from collections.abc import Iterable, Iterator, Sequence as SequenceABC
+from collections.abc import Iterator, Sequence as SequenceABC
 from dataclasses import dataclass
 
-import torch
 
 from batchgen_data.block_manager import BlockManager
 from batchgen_data.config import EngineConfig
-from batchgen_data.errors import BatchGenError, ConfigError
+from batchgen_data.errors import BatchGenError, ConfigError, RequestError
 from batchgen_data.model import MoEModel
 from batchgen_data.model.kv_cache import KVCache
 from batchgen_data.model_runner import ModelRunner
@@ -143,13 +142,13 @@ class Engine:
     def _check_fits(self, seq: Sequence) -> None:
         prompt_len = seq.num_prompt_tokens
         if prompt_len >= self.max_model_len:
-            raise _request_error(
+            raise RequestError(
                 f"prompt has {prompt_len} tokens; the context limit is {self.max_model_len} "
                 "(prompt plus at least one generated token)"
             )
         worst = min(prompt_len + seq.params.max_tokens, self.max_model_len)
         if self.blocks.blocks_for(worst) > self.blocks.num_blocks:
-            raise _request_error(
+            raise RequestError(
                 f"request needs up to {worst} tokens of KV cache but the whole KV budget holds "
                 f"{self.blocks.num_blocks * self.blocks.block_size} tokens; raise "
                 "kv_cache_memory_bytes or lower max_tokens"
@@ -311,8 +310,3 @@ class Engine:
     def _now(self) -> float:
         return time.perf_counter() - self._start
 
-
-def _request_error(message: str) -> BatchGenError:
-    from batchgen_data.errors import RequestError
-
-    return RequestError(message)

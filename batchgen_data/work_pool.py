@@ -145,13 +145,12 @@ class WorkPool:
             self.counters.num_duplicates_dropped += 1
             return False
         self.results[item_id] = result
-        lease = self.leases.pop(item_id, None)
+        self.leases.pop(item_id, None)
         if item_id in self.pending:  # finished by a worker whose lease had expired
             self.pending.remove(item_id)
         self.counters.num_completed += 1
         if worker != self.items[item_id].owner:
             self.counters.num_moved += 1
-        del lease
         return True
 
     def release(self, worker: str, item_ids: list[str]) -> None:

@@ -8,7 +8,7 @@ all present (``__inference_error__`` is null on success), so Parquet schemas sta
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from batchgen_data.config import EngineConfig

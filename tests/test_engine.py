@@ -7,6 +7,8 @@ import random
 import pytest
 import torch
 
+from tiny_checkpoints import hf_greedy_continuations
+
 from batchgen_data import Engine, EngineConfig, SamplingParams
 from batchgen_data.model.kv_cache import KVCache
 
@@ -25,15 +27,8 @@ def _workload(n: int = 12, seed: int = 0) -> tuple[list[list[int]], list[int]]:
 def reference(tiny_checkpoint):
     """Greedy continuations from transformers, one prompt at a time."""
     folder, hf = tiny_checkpoint(ARCH)
-    hf.generation_config.eos_token_id = None
     prompts, max_tokens = _workload()
-    refs = []
-    with torch.no_grad():
-        for p in prompts:
-            ids = torch.tensor([p])
-            out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW, do_sample=False)
-            refs.append(out[0, len(p) :].tolist())
-    return folder, prompts, max_tokens, refs
+    return folder, prompts, max_tokens, hf_greedy_continuations(hf, prompts, MAX_NEW)
 
 
 def _params(max_tokens: list[int]) -> list[SamplingParams]:

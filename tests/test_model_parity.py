@@ -6,6 +6,7 @@ import pytest
 import torch
 from conftest import ALL_ARCHS
 from safetensors.torch import save_file
+from tiny_checkpoints import hf_greedy_continuations
 
 from batchgen_data import Engine, EngineConfig, SamplingParams
 from batchgen_data.model import MoEModel
@@ -44,13 +45,7 @@ def test_prefill_logits_match_transformers(tiny_checkpoint, arch, backend):
 def test_greedy_continuations_match_transformers_generate(tiny_checkpoint, arch):
     folder, hf = tiny_checkpoint(arch)
     max_new = 20
-    hf.generation_config.eos_token_id = None  # compare full-length continuations
-    refs = []
-    with torch.no_grad():
-        for p in PROMPTS:
-            ids = torch.tensor([p])
-            out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False)
-            refs.append(out[0, len(p) :].tolist())
+    refs = hf_greedy_continuations(hf, PROMPTS, max_new)
     engine = Engine(folder, EngineConfig(max_num_seqs=4, attention_batch_size=2, block_size=8))
     outs = engine.generate(PROMPTS, SamplingParams(max_tokens=max_new, temperature=0, ignore_eos=True))
     assert [o.token_ids for o in outs] == refs

@@ -122,3 +122,15 @@ def build_checkpoint(arch: str, folder: Path, seed: int = 0, std: float = 0.15, 
     # Make the tokenizer's eos the model's eos so stop behaviour matches transformers.
     assert tokenizer.convert_tokens_to_ids("<|im_end|>") == 2
     return model
+
+
+def hf_greedy_continuations(model, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """``transformers`` greedy ``generate``, one prompt at a time, EOS ignored (full length)."""
+    model.generation_config.eos_token_id = None
+    refs = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False)
+            refs.append(out[0, len(prompt) :].tolist())
+    return refs
