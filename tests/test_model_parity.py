@@ -97,3 +97,23 @@ def test_demo_model_matches_transformers(demo_path):
         ref = torch.cat([hf(torch.tensor([p])).logits[0] for p in prompts])
     ours = _our_logits(MoEModel.from_pretrained(demo_path), prompts)
     assert (ours - ref).abs().max().item() < 1e-4
+
+
+def test_sliding_window_attention_matches_transformers(tmp_path):
+    from tiny_checkpoints import build_checkpoint
+
+    from batchgen_data.model import ModelConfig
+
+    folder = tmp_path / "mixtral-sliding"
+    hf = build_checkpoint("mixtral", folder, sliding_window=8)
+    assert ModelConfig.from_pretrained(folder).sliding_windows[0] == 8
+    prompts = [list(range(30, 60)), [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]]
+    with torch.no_grad():
+        ref = torch.cat([hf(torch.tensor([p])).logits[0] for p in prompts])
+    ours = _our_logits(MoEModel.from_pretrained(folder), prompts)
+    assert (ours - ref).abs().max().item() < 1e-4
+    refs = hf_greedy_continuations(hf, prompts, 12)  # decoding past the window
+    outs = Engine(folder, EngineConfig(block_size=8)).generate(
+        prompts, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    )
+    assert [o.token_ids for o in outs] == refs

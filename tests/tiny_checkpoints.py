@@ -101,12 +101,12 @@ def build_tokenizer(folder: Path):
     return hf
 
 
-def build_checkpoint(arch: str, folder: Path, seed: int = 0, std: float = 0.15, **save_kwargs):
+def build_checkpoint(arch: str, folder: Path, seed: int = 0, std: float = 0.15, **config_overrides):
     """Build a random ``transformers`` model of ``arch``, save it to ``folder``; return the model."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    spec = {**_COMMON, **ARCHITECTURES[arch]}
+    spec = {**_COMMON, **ARCHITECTURES[arch], **config_overrides}
     model_type = spec.pop("model_type")
     config = AutoConfig.for_model(model_type, **spec)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
@@ -117,7 +117,7 @@ def build_checkpoint(arch: str, folder: Path, seed: int = 0, std: float = 0.15, 
             else:
                 param.normal_(0.0, std)
     folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(folder), **save_kwargs)
+    model.save_pretrained(str(folder))
     tokenizer = build_tokenizer(folder)
     # Make the tokenizer's eos the model's eos so stop behaviour matches transformers.
     assert tokenizer.convert_tokens_to_ids("<|im_end|>") == 2
