@@ -60,7 +60,7 @@ def with_output_columns(batch: Any, added: dict[str, list]) -> Any:
         for name in OUTPUT_COLUMNS:
             frame[name] = typed[name].values
         return frame
-    if isinstance(batch, dict) and batch and all(isinstance(v, np.ndarray) for v in batch.values()):
+    if isinstance(batch, Mapping) and batch and all(isinstance(v, np.ndarray) for v in batch.values()):
         out = dict(batch)
         for field in OUTPUT_SCHEMA:
             values = added[field.name]
@@ -73,7 +73,7 @@ def with_output_columns(batch: Any, added: dict[str, list]) -> Any:
                 column[:] = values
                 out[field.name] = column
         return out
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):  # dicts, and datasets' LazyBatch
         return {**batch, **{name: list(added[name]) for name in OUTPUT_COLUMNS}}
     raise TypeError(f"unsupported batch type {type(batch).__name__}")
 

@@ -50,7 +50,6 @@ class BatchGenMap:
                                   should_continue_on_error=should_continue_on_error, **sampling_defaults)
 
     def __call__(self, batch: dict) -> dict:
-        batch = {k: batch[k] for k in batch.keys()}  # datasets hands a LazyBatch mapping
         columns, num_rows = to_columns(batch)
         rows = prepare_rows(columns, num_rows, self.config)
         valid = [r for r in rows if r.error is None]

@@ -34,6 +34,20 @@ def demo_path():
     return ensure_demo_checkpoint()
 
 
+@pytest.fixture(scope="module")
+def ray_cluster(tmp_path_factory):
+    """A real local Ray (2 CPUs) per test module; actors need fractional CPUs on this machine."""
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    env_vars = {"BATCHGEN_DATA_CACHE": os.environ["BATCHGEN_DATA_CACHE"], "DS_ACCELERATOR": "cpu"}
+    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=str(tmp_path_factory.mktemp("ray")),
+             log_to_driver=False, runtime_env={"env_vars": env_vars})
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    yield
+    ray.shutdown()
+
+
 ALL_ARCHS = list(ARCHITECTURES)
 
 

@@ -8,7 +8,6 @@ text from each of them.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -16,7 +15,6 @@ import nbclient
 import nbformat
 import pyarrow.parquet as pq
 import pytest
-import ray
 
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
 sys.path.insert(0, str(EXAMPLES_DIR))  # the examples import each other as top-level modules
@@ -28,22 +26,6 @@ import ray_pipeline  # noqa: E402
 
 MAX_TOKENS = 16
 TICKET_IDS = sorted(t["ticket_id"] for t in prompts.load_tickets())
-
-
-@pytest.fixture(scope="module")
-def ray_cluster(tmp_path_factory):
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    env_vars = {"BATCHGEN_DATA_CACHE": os.environ["BATCHGEN_DATA_CACHE"], "DS_ACCELERATOR": "cpu"}
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        _temp_dir=str(tmp_path_factory.mktemp("ray")),
-        log_to_driver=False,
-        runtime_env={"env_vars": env_vars},
-    )
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -11,6 +10,7 @@ from batchgen_data import BatchGenOperator
 
 from .fault_helpers import (
     ENGINE_CONFIG,
+    check_job_output,
     fault_rows,
     operator_pids,
     reference_texts,
@@ -22,17 +22,6 @@ from .fault_helpers import (
 ray = pytest.importorskip("ray")
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-def ray_cluster(tmp_path_factory):
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=str(tmp_path_factory.mktemp("ray")),
-             log_to_driver=False,
-             runtime_env={"env_vars": {"BATCHGEN_DATA_CACHE": os.environ["BATCHGEN_DATA_CACHE"], "DS_ACCELERATOR": "cpu"}})
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    yield
-    ray.shutdown()
 
 
 def _pipeline(demo_path, rows, rebalance=None):
@@ -55,10 +44,4 @@ def test_sigkill_of_an_operator_actor_loses_and_duplicates_nothing(ray_cluster, 
     time.sleep(4.0)  # let them take batches and lease work
     victim = operator_pids()[0]
     sigkill(victim)
-    thread.join(240)
-    assert not thread.is_alive(), "the job did not finish after the actor was killed"
-    assert "error" not in box, box.get("error")
-    out = box["result"]
-    assert sorted(r["id"] for r in out) == [r["id"] for r in rows]  # every row exactly once
-    assert {r["id"]: r["generated_text"] for r in out} == expected
-    assert all(r["__inference_error__"] is None for r in out)
+    check_job_output(thread, box, rows, expected)

@@ -16,22 +16,12 @@ ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.timeout(240)
 
 
-@pytest.fixture(scope="module")
-def ray_cluster(tmp_path_factory):
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    temp_dir = tmp_path_factory.mktemp("ray")
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=str(temp_dir), log_to_driver=False,
-             runtime_env={"env_vars": {"BATCHGEN_DATA_CACHE": os.environ["BATCHGEN_DATA_CACHE"], "DS_ACCELERATOR": "cpu"}})
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    yield
-    ray.shutdown()
-
-
-def _run(ds, demo_path, *, actors=1, batch_size=4, concurrency=2, **kwargs):
+def _run(ds, demo_path, *, actors=1, batch_size=4, concurrency=2, batch_format="default", **kwargs):
     return ds.map_batches(
         BatchGenOperator,
         fn_constructor_kwargs={"model": str(demo_path), "engine_config": ENGINE_CONFIG, "max_tokens": MAX_TOKENS, **kwargs},
         batch_size=batch_size,
+        batch_format=batch_format,
         compute=ray.data.ActorPoolStrategy(size=actors, max_concurrent_calls_per_actor=concurrency),
         num_cpus=0.5,  # whole CPUs would starve the read task on 2 cores and hang
     )
@@ -48,15 +38,7 @@ def test_pipeline_equals_engine_with_error_rows(ray_cluster, demo_path, referenc
 def test_batch_formats_and_order_within_batch(ray_cluster, demo_path, reference_outputs, batch_format):
     rows = mixed_rows()
     ds = ray.data.from_arrow(pa.Table.from_pylist(rows))
-    out = _run(ds, demo_path, batch_size=len(rows), batch_format=None).take_all() if False else None
-    out = ds.map_batches(
-        BatchGenOperator,
-        fn_constructor_kwargs={"model": str(demo_path), "engine_config": ENGINE_CONFIG, "max_tokens": MAX_TOKENS},
-        batch_size=len(rows),
-        batch_format=batch_format,
-        compute=ray.data.ActorPoolStrategy(size=1, max_concurrent_calls_per_actor=2),
-        num_cpus=0.5,
-    ).take_all()
+    out = _run(ds, demo_path, batch_size=len(rows), batch_format=batch_format).take_all()
     assert [r["id"] for r in out] == [r["id"] for r in rows]  # one batch: input order kept
     check_output_rows(out, reference_outputs)
 
