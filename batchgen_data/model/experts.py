@@ -12,6 +12,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from batchgen_data.model.layers import linear
 from batchgen_data.model.router import Routing
 
 
@@ -84,8 +85,8 @@ class NativeExperts:
             if count == 0:
                 continue
             seg = x_sorted[start : start + count]  # [n, H]
-            gate, up = F.linear(seg, self.weights.w_gate_up[expert]).chunk(2, dim=-1)  # [n, F]
-            y_sorted[start : start + count] = F.linear(F.silu(gate) * up, self.weights.w_down[expert])
+            gate, up = linear(seg, self.weights.w_gate_up[expert]).chunk(2, dim=-1)  # [n, F]
+            y_sorted[start : start + count] = linear(F.silu(gate) * up, self.weights.w_down[expert])
             start += count
         return y_sorted
 

@@ -25,7 +25,7 @@ from batchgen_data.model.checkpoint import (
 from batchgen_data.model.config import ModelConfig
 from batchgen_data.model.experts import ExpertBackend, make_expert_backend
 from batchgen_data.model.kv_cache import KVCache
-from batchgen_data.model.layers import GatedMLP, SharedExpert, rms_norm
+from batchgen_data.model.layers import GatedMLP, SharedExpert, linear, rms_norm
 from batchgen_data.model.rope import RotaryEmbedding
 from batchgen_data.model.router import Router
 
@@ -128,7 +128,8 @@ class MoEModel:
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [N, H] (usually the last token of each sequence) -> fp32 logits [N, V]."""
-        return F.linear(rms_norm(hidden, self.norm, self.config.rms_norm_eps), self.lm_head).float()
+        logits = linear(rms_norm(hidden, self.norm, self.config.rms_norm_eps), self.lm_head)  # [N, V]
+        return logits.float().contiguous()  # row-major: the sampler reduces along V
 
     def forward(
         self,
