@@ -3,8 +3,10 @@
 NOTE: the forward of one step, for the combined batch of B_moe sequences:
   h = embed(all tokens)
   for each layer:
+      q, k, v = qkv(norm(h)); write k, v to the KV pages       # one GEMM over all tokens
       for each attention micro-batch of B_attn sequences:   # YIELD at the attention boundary
-          h[mb] = attention_block(h[mb])                     # over its own paged-KV metadata
+          a[mb] = attend(q[mb])                              # over its own paged-KV metadata
+      h = h + o_proj(a)                                      # COMBINE again for the projection
       h = ffn_block(h)                                       # COMBINE: router + experts on all tokens
   logits = lm_head(norm(h[last token of each sampling sequence])); tokens = sample(logits)
 Metadata for each micro-batch is built once per step and reused by every layer, so per-sequence
@@ -19,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from batchgen_data.model import MoEModel
-from batchgen_data.model.attention_metadata import AttentionMetadata, build_attention_metadata
+from batchgen_data.model.attention_metadata import AttentionBatch, AttentionMetadata, build_attention_metadata
 from batchgen_data.model.kv_cache import KVCache
 from batchgen_data.sampler import SamplingBatch, sample
 from batchgen_data.scheduler import SchedulerOutput
@@ -134,18 +136,10 @@ class ModelRunner:
     def _forward(self, ids: torch.Tensor, micro_batches: list[tuple[int, AttentionMetadata]]) -> torch.Tensor:
         model = self.model
         h = model.embed(ids)  # [T, H]
-        cos_sin = [model.rotary.cos_sin(meta.positions, model.dtype) for _, meta in micro_batches]
+        batch = AttentionBatch.combine([meta for _, meta in micro_batches], model.rotary, model.dtype)
         calls = tokens = 0
         for layer_id, layer in enumerate(model.layers):
-            k_cache, v_cache = self.kv.k[layer_id], self.kv.v[layer_id]
-            if len(micro_batches) == 1:
-                h = layer.attention_block(h, micro_batches[0][1], cos_sin[0], k_cache, v_cache)
-            else:
-                parts, start = [], 0
-                for (num, meta), cs in zip(micro_batches, cos_sin):
-                    parts.append(layer.attention_block(h[start : start + num], meta, cs, k_cache, v_cache))
-                    start += num
-                h = torch.cat(parts)
+            h = layer.attention_block(h, batch, self.kv.k[layer_id], self.kv.v[layer_id])
             h, counts = layer.ffn_block(h)
             if counts is not None:
                 calls += int((counts > 0).sum())

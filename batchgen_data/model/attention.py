@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from batchgen_data.model.attention_metadata import AttentionMetadata
+from batchgen_data.model.attention_metadata import AttentionBatch, AttentionMetadata
 from batchgen_data.model.config import ModelConfig
 from batchgen_data.model.layers import linear, rms_norm
 from batchgen_data.model.rope import RotaryEmbedding
@@ -34,13 +34,14 @@ class Attention:
     def __call__(
         self,
         x: torch.Tensor,  # [T, H]
-        meta: AttentionMetadata,
-        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        batch: AttentionBatch,
         k_cache: torch.Tensor,  # [num_blocks, block_size, Nkv, D]
         v_cache: torch.Tensor,
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
-        q, k, v = linear(x, self.w_qkv, self.b_qkv).split(self.qkv_sizes, dim=-1)  # [T, Nq*D], [T, Nkv*D] x2
+        # Row-major before the head split: SDPA's CPU flash kernel needs unit-stride head dims.
+        qkv = linear(x, self.w_qkv, self.b_qkv).contiguous()  # [T, (Nq + 2 Nkv) * D]
+        q, k, v = qkv.split(self.qkv_sizes, dim=-1)  # [T, Nq*D], [T, Nkv*D] x2
         if self.qk_norm == "full":
             q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
         if self.clip_qkv is not None:
@@ -50,16 +51,34 @@ class Attention:
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         if self.qk_norm == "head":
             q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
-        cos, sin = cos_sin
+        cos, sin = batch.cos_sin
         q, k = RotaryEmbedding.apply(q, cos, sin), RotaryEmbedding.apply(k, cos, sin)
 
-        k_cache.view(-1, self.num_kv_heads, self.head_dim)[meta.slot_mapping] = k.to(k_cache.dtype)
-        v_cache.view(-1, self.num_kv_heads, self.head_dim)[meta.slot_mapping] = v.to(v_cache.dtype)
+        # Every micro-batch's new KV goes in first: micro-batches hold disjoint sequences.
+        k_cache.view(-1, self.num_kv_heads, self.head_dim)[batch.slot_mapping] = k.to(k_cache.dtype)
+        v_cache.view(-1, self.num_kv_heads, self.head_dim)[batch.slot_mapping] = v.to(v_cache.dtype)
+        if len(batch.micro_batches) == 1:
+            out = self._attend(q, batch.micro_batches[0], k_cache, v_cache)
+        else:
+            out = q.new_empty(num_tokens, self.num_heads * self.head_dim)
+            start = 0
+            for meta in batch.micro_batches:  # YIELD point: one micro-batch's attention at a time
+                num = meta.positions.shape[0]
+                out[start : start + num] = self._attend(q[start : start + num], meta, k_cache, v_cache)
+                start += num
+        return linear(out, self.w_o, self.b_o)  # [T, H]
 
+    def _attend(self, q: torch.Tensor, meta: AttentionMetadata, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """q: [t, Nq, D] of one micro-batch -> attention output [t, Nq * D] over its paged KV."""
         b, qmax = meta.num_seqs, meta.max_query_len
-        q_pad = q.new_zeros(b * qmax, self.num_heads, self.head_dim)
-        q_pad[meta.query_index] = q
-        q_pad = q_pad.view(b, qmax, self.num_heads, self.head_dim).transpose(1, 2)  # [B, Nq, Q, D]
+        if qmax == 1:
+            # [B, Nq, 1, D], one query per sequence. This stride layout (a transposed [B, 1, Nq, D])
+            # keeps SDPA on its CPU flash kernel; other layouts send it to the (GQA-copying) math path.
+            q_pad = q.contiguous().view(b, 1, self.num_heads, self.head_dim).transpose(1, 2)
+        else:
+            q_pad = q.new_zeros(b * qmax, self.num_heads, self.head_dim)
+            q_pad[meta.query_index] = q
+            q_pad = q_pad.view(b, qmax, self.num_heads, self.head_dim).transpose(1, 2)  # [B, Nq, Q, D]
         # Gather whole pages (contiguous block_size * Nkv * D runs), not single token slots.
         num_keys = meta.block_table.shape[1] * meta.block_size
         pages = meta.block_table.view(-1)  # [B * P]
@@ -75,5 +94,6 @@ class Attention:
             scale=self.scale,
             enable_gqa=self.num_heads != self.num_kv_heads,
         )  # [B, Nq, Q, D]
-        out = out.transpose(1, 2).reshape(b * qmax, self.num_heads * self.head_dim)[meta.query_index]
-        return linear(out, self.w_o, self.b_o)  # [T, H]
+        if qmax == 1:
+            return out.reshape(b, self.num_heads * self.head_dim)
+        return out.transpose(1, 2).reshape(b * qmax, self.num_heads * self.head_dim)[meta.query_index]

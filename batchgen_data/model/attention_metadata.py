@@ -93,3 +93,22 @@ def build_attention_metadata(
         max_query_len=max_q,
         block_size=block_size,
     )
+
+
+@dataclass(slots=True)
+class AttentionBatch:
+    """One forward's attention work: the flat batch split into micro-batches that attend apart.
+
+    Projections, RoPE and the KV write run once over all T tokens (large GEMMs); only the
+    attention core runs per micro-batch of B_attn sequences, each over its own metadata.
+    """
+
+    micro_batches: list[AttentionMetadata]  # in flat-token order
+    slot_mapping: torch.Tensor  # [T] KV slot each token writes (all micro-batches)
+    cos_sin: tuple[torch.Tensor, torch.Tensor]  # RoPE tables for the T tokens' positions
+
+    @classmethod
+    def combine(cls, metas: list[AttentionMetadata], rotary, dtype: torch.dtype) -> "AttentionBatch":
+        positions = torch.cat([m.positions for m in metas]) if len(metas) > 1 else metas[0].positions
+        slots = torch.cat([m.slot_mapping for m in metas]) if len(metas) > 1 else metas[0].slot_mapping
+        return cls(metas, slots, rotary.cos_sin(positions, dtype))

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from batchgen_data.model.attention import Attention
-from batchgen_data.model.attention_metadata import AttentionMetadata
+from batchgen_data.model.attention_metadata import AttentionBatch, AttentionMetadata
 from batchgen_data.model.checkpoint import (
     CheckpointReader,
     moe_prefix,
@@ -55,9 +55,9 @@ class DecoderLayer:
     ffn: MoEBlock | GatedMLP
     eps: float
 
-    def attention_block(self, h, meta, cos_sin, k_cache, v_cache) -> torch.Tensor:
-        """Residual attention sub-block: h + attn(norm(h))."""
-        return h + self.attention(rms_norm(h, self.input_norm, self.eps), meta, cos_sin, k_cache, v_cache)
+    def attention_block(self, h, batch: AttentionBatch, k_cache, v_cache) -> torch.Tensor:
+        """Residual attention sub-block: h + attn(norm(h)), attention per micro-batch of ``batch``."""
+        return h + self.attention(rms_norm(h, self.input_norm, self.eps), batch, k_cache, v_cache)
 
     def ffn_block(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Residual FFN sub-block: h + moe(norm(h)); also the tokens per expert (None if dense)."""
@@ -140,9 +140,9 @@ class MoEModel:
     ) -> torch.Tensor:
         """Run all layers on one flat batch; returns the final hidden states [T, H] (pre-norm)."""
         h = self.embed(input_ids)
-        cos_sin = self.rotary.cos_sin(meta.positions, self.dtype)
+        batch = AttentionBatch.combine([meta], self.rotary, self.dtype)
         for layer_id, layer in enumerate(self.layers):
-            h = layer.attention_block(h, meta, cos_sin, kv_cache.k[layer_id], kv_cache.v[layer_id])
+            h = layer.attention_block(h, batch, kv_cache.k[layer_id], kv_cache.v[layer_id])
             h, counts = layer.ffn_block(h)
             if expert_counts is not None and counts is not None:
                 expert_counts.append(counts)
