@@ -1,28 +1,66 @@
-"""The compute roofline: model FLOPs per token over the matmul rate measured on this machine."""
+"""The compute roofline: model FLOPs per token over the matmul rate measured on this machine.
+
+The rate is the best sustained GFLOP/s of any GEMM kernel the engine may call (``F.linear``,
+the weight-left ``w @ x.T`` and, on CPU, oneDNN's linear) on the experts' two shapes at a
+large row count, so the roofline is the machine's ceiling, not the ceiling of the kernel the
+engine happened to pick.
+"""
 
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 from batchgen_data.model import ModelConfig
 
+Kernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
-def measure_matmul_gflops(hidden: int, ffn: int, rows: int = 1024, dtype=torch.float32, device="cpu", seconds: float = 2.0) -> float:
-    """Sustained GFLOP/s of a [rows, hidden] x [hidden, ffn] matmul (the experts' shape)."""
-    x = torch.randn(rows, hidden, dtype=dtype, device=device)
-    w = torch.randn(ffn, hidden, dtype=dtype, device=device)
+
+def _kernels(device) -> dict[str, Kernel]:
+    kernels: dict[str, Kernel] = {
+        "F.linear": F.linear,
+        "weight-left mm": lambda x, w: torch.mm(w, x.t()).t(),
+    }
+    if str(device) == "cpu" and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        kernels["oneDNN linear"] = lambda x, w: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+    return kernels
+
+
+def measure_kernel_gflops(kernel: Kernel, rows: int, in_features: int, out_features: int,
+                          dtype=torch.float32, device="cpu", seconds: float = 1.0) -> float:
+    """Sustained GFLOP/s of ``kernel(x [rows, in], w [out, in])``."""
+    x = torch.randn(rows, in_features, dtype=dtype, device=device)
+    w = torch.randn(out_features, in_features, dtype=dtype, device=device)
     for _ in range(3):
-        torch.nn.functional.linear(x, w)
+        kernel(x, w)
     _sync(device)
     count, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
-        torch.nn.functional.linear(x, w)
+        kernel(x, w)
         count += 1
     _sync(device)
     elapsed = time.perf_counter() - start
-    return 2.0 * rows * hidden * ffn * count / elapsed / 1e9
+    return 2.0 * rows * in_features * out_features * count / elapsed / 1e9
+
+
+def measure_matmul_rates(hidden: int, ffn: int, rows: int = 1024, dtype=torch.float32, device="cpu",
+                         seconds: float = 1.0) -> dict[str, float]:
+    """GFLOP/s per (kernel, shape) for the experts' gate/up [H -> 2F] and down [F -> H] GEMMs."""
+    shapes = {"gate_up": (hidden, 2 * ffn), "down": (ffn, hidden)}
+    return {
+        f"{name} {shape}": measure_kernel_gflops(kernel, rows, k, n, dtype, device, seconds)
+        for name, kernel in _kernels(device).items()
+        for shape, (k, n) in shapes.items()
+    }
+
+
+def measure_matmul_gflops(hidden: int, ffn: int, rows: int = 1024, dtype=torch.float32, device="cpu",
+                          seconds: float = 1.0) -> float:
+    """The best sustained GFLOP/s over the engine's GEMM kernels on the experts' shapes."""
+    return max(measure_matmul_rates(hidden, ffn, rows, dtype, device, seconds).values())
 
 
 def decode_flops_per_token(config: ModelConfig, context_len: int) -> float:

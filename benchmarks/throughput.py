@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from batchgen_data import Engine, EngineConfig, SamplingParams  # noqa: E402
 from batchgen_data.model import ModelConfig  # noqa: E402
 from benchmarks.hf_baselines import BaselineResult, run_continuous, run_static  # noqa: E402
-from benchmarks.roofline import decode_flops_per_token, measure_matmul_gflops  # noqa: E402
+from benchmarks.roofline import decode_flops_per_token, measure_matmul_rates  # noqa: E402
 from benchmarks.workload import build_bench_model, make_workload, percentile  # noqa: E402
 
 
@@ -141,7 +141,8 @@ def main(argv=None) -> dict:
         same = sum(o == r for o, r in zip(ours["outputs"], b.output_token_ids))
         results[b.name]["num_outputs_identical_to_batchgen"] = same
 
-    gflops = measure_matmul_gflops(mcfg.hidden_size, mcfg.moe_intermediate_size, device=args.device)
+    rates = measure_matmul_rates(mcfg.hidden_size, mcfg.moe_intermediate_size, device=args.device)
+    gflops = max(rates.values())  # the best kernel on the experts' shapes: the machine's ceiling
     mean_ctx = statistics.mean(len(p) for p in workload.prompts) + statistics.mean(lens) / 2
     roofline_tps = gflops * 1e9 / decode_flops_per_token(mcfg, int(mean_ctx))
     best = max(baselines, key=lambda b: b.tokens_per_s)
@@ -149,6 +150,7 @@ def main(argv=None) -> dict:
         "speedup_vs_best_baseline": ours["tokens_per_s"] / best.tokens_per_s,
         "best_baseline": best.name,
         "matmul_gflops": gflops,
+        "matmul_gflops_by_kernel": rates,
         "roofline_tokens_per_s": roofline_tps,
         "steady_decode_fraction_of_roofline": ours["steady_decode_tokens_per_s"] / roofline_tps,
         "runtime_overhead": ours["runtime_overhead"],
@@ -180,7 +182,8 @@ def _print_table(results: dict, summary: dict) -> None:
     print(f"speedup vs best baseline ({summary['best_baseline']}): {summary['speedup_vs_best_baseline']:.2f}x")
     print(f"steady-state decode: {results['batchgen-data']['steady_decode_tokens_per_s']:.1f} tok/s = "
           f"{100 * summary['steady_decode_fraction_of_roofline']:.0f}% of the roofline "
-          f"({summary['roofline_tokens_per_s']:.0f} tok/s at {summary['matmul_gflops']:.0f} GFLOP/s)")
+          f"({summary['roofline_tokens_per_s']:.0f} tok/s at {summary['matmul_gflops']:.0f} GFLOP/s, "
+          f"the best of {len(summary['matmul_gflops_by_kernel'])} kernel/shape rates)")
     print(f"mean tokens per expert call: {summary['mean_tokens_per_expert_call']:.1f}")
     print(f"runtime overhead (outside model modules): {100 * summary['runtime_overhead']:.1f}%")
 
