@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 from batchgen_data.engine import Engine
 from batchgen_data.errors import BatchGenError
+from batchgen_data.migration import MigratedOut, MigrationCosts, remaining_tokens
 from batchgen_data.outputs import GenerationOutput
 from batchgen_data.sampling_params import SamplingParams
-from batchgen_data.sequence import SequenceStatus
+from batchgen_data.sequence import Sequence, SequenceState, SequenceStatus
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +33,24 @@ class EngineDeadError(BatchGenError, RuntimeError):
 class _Submission:
     prompt: object
     params: SamplingParams | None
-    deliver: Callable[[GenerationOutput | BaseException], None]
+    deliver: Callable[[GenerationOutput | MigratedOut | BaseException], None]
+    state: SequenceState | None = None  # continue a sequence exported elsewhere
+    movable: bool = False  # ``migrate_out`` may take it away (its caller accepts a MigratedOut)
+
+
+@dataclass(slots=True)
+class _Live:
+    seq: Sequence
+    deliver: Callable
+    movable: bool
+
+
+@dataclass(slots=True)
+class _Command:
+    """Work for the engine thread between two steps (the only thread that touches the engine)."""
+
+    fn: Callable[[], object]
+    deliver: Callable[[object], None]
 
 
 class AsyncEngine:
@@ -56,6 +74,7 @@ class AsyncEngine:
         self._lock = threading.Lock()
         self._error: BaseException | None = None
         self._closed = False
+        self._live: dict[int, _Live] = {}  # engine thread only
 
     @property
     def is_dead(self) -> bool:
@@ -76,6 +95,48 @@ class AsyncEngine:
         """``(input index, output)`` pairs as requests complete."""
         async for item in self._submit(prompts, sampling_params):
             yield item
+
+    async def run_one(self, prompt, params: SamplingParams | None, state: SequenceState | None = None,
+                      movable: bool = True) -> GenerationOutput | MigratedOut:
+        """One request (or the continuation of an exported ``state``): its output, or, if it is
+        ``movable``, a ``MigratedOut`` when ``migrate_out`` took it away to run elsewhere."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+        self._ensure_running()
+        self._inbox.put(_Submission(prompt, params, _resolver(loop, done), state=state, movable=movable))
+        result = await done
+        if isinstance(result, BaseException):
+            raise EngineDeadError(f"engine failed: {result!r}") from result
+        return result
+
+    async def migrate_out(self, max_seqs: int, transfer_bytes_per_s: float | None = None,
+                          latency_s: float | None = None) -> int:
+        """MIGRATE out up to ``max_seqs`` movable sequences, the ones with the most tokens left
+        first, among those worth moving (``MigrationCosts.worth_moving``); each one's caller
+        gets a ``MigratedOut`` with its state (KV included when shipping it beats recomputing).
+        Returns how many were taken out."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+        self._ensure_running()
+        costs = lambda: MigrationCosts.of_engine(self.engine, transfer_bytes_per_s, latency_s)  # noqa: E731
+        self._inbox.put(_Command(lambda: self._export_stragglers(max_seqs, costs()), _resolver(loop, done)))
+        result = await done
+        if isinstance(result, BaseException):
+            raise EngineDeadError(f"engine failed: {result!r}") from result
+        return result
+
+    def _export_stragglers(self, max_seqs: int, costs: MigrationCosts) -> int:
+        movable = [live for live in self._live.values() if live.movable and live.seq.status in _EXPORTABLE]
+        movable.sort(key=lambda live: -remaining_tokens(live.seq))
+        moved = 0
+        for live in movable[:max_seqs]:
+            if not costs.worth_moving(live.seq):
+                break  # sorted by tokens left: the rest are worth even less
+            state = self.engine.export_sequence(live.seq, with_kv=costs.send_kv(live.seq.num_computed_tokens))
+            del self._live[live.seq.request_id]
+            live.deliver(MigratedOut(state))
+            moved += 1
+        return moved
 
     async def _submit(self, prompts, sampling_params) -> AsyncIterator[tuple[int, GenerationOutput]]:
         prompts = list(prompts)
@@ -111,7 +172,7 @@ class AsyncEngine:
                 self._thread.start()
 
     def _run(self) -> None:
-        waiting: dict[int, Callable] = {}
+        live = self._live
         try:
             while True:
                 block = not self.engine.has_unfinished_requests()
@@ -120,24 +181,23 @@ class AsyncEngine:
                     while True:
                         if item is None:
                             return
-                        seq = self.engine.add_request(item.prompt, item.params)
-                        if seq.status is SequenceStatus.FINISHED:
-                            item.deliver(self.engine.to_output(seq))
+                        if isinstance(item, _Command):
+                            item.deliver(item.fn())
                         else:
-                            waiting[seq.request_id] = item.deliver
+                            self._accept(item)
                         item = self._inbox.get_nowait()
                 except queue.Empty:
                     pass
                 if self.engine.has_unfinished_requests():
                     for seq in self.engine.step():
-                        deliver = waiting.pop(seq.request_id, None)
-                        if deliver is not None:
-                            deliver(self.engine.to_output(seq))
+                        entry = live.pop(seq.request_id, None)
+                        if entry is not None:
+                            entry.deliver(self.engine.to_output(seq))
         except BaseException as err:  # the engine is unusable: fail every waiter loudly
             logger.exception("batchgen engine thread failed")
             self._error = err
-            for deliver in waiting.values():
-                deliver(err)
+            for entry in live.values():
+                entry.deliver(err)
             while True:
                 try:
                     item = self._inbox.get_nowait()
@@ -146,9 +206,31 @@ class AsyncEngine:
                 if item is not None:
                     item.deliver(err)
 
+    def _accept(self, item: _Submission) -> None:
+        if item.state is not None:
+            seq = self.engine.import_sequence(item.state)
+        else:
+            seq = self.engine.add_request(item.prompt, item.params)
+        if seq.status is SequenceStatus.FINISHED:
+            item.deliver(self.engine.to_output(seq))
+        else:
+            self._live[seq.request_id] = _Live(seq, item.deliver, item.movable)
+
     def shutdown(self, timeout: float | None = 10.0) -> None:
         """Stop the engine thread (after the work it already has in hand)."""
         self._closed = True
         if self._thread is not None:
             self._inbox.put(None)
             self._thread.join(timeout)
+
+
+_EXPORTABLE = (SequenceStatus.WAITING, SequenceStatus.RUNNING, SequenceStatus.SUSPENDED)
+
+
+def _resolver(loop: asyncio.AbstractEventLoop, future: asyncio.Future) -> Callable[[object], None]:
+    """Resolve ``future`` from the engine thread."""
+
+    def deliver(result) -> None:
+        loop.call_soon_threadsafe(lambda: future.done() or future.set_result(result))
+
+    return deliver

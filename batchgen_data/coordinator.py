@@ -12,12 +12,29 @@ import asyncio
 import hashlib
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from batchgen_data.work_pool import WorkPool
 
 NAMESPACE = "batchgen"
+
+
+@dataclass(slots=True)
+class LeasedItem:
+    item_id: str
+    prompt: Any
+    params: dict  # SamplingParams fields
+    owner: str = ""
+    state: Any = None  # a SequenceState to continue, when the item was given back mid-generation
+    movable: bool = True  # may be given back again at the tail
+
+
+@dataclass(slots=True)
+class LeaseReply:
+    items: list[LeasedItem] = field(default_factory=list)
+    give_back: int = 0  # PARTITION: running sequences this worker should hand to idle workers
+    num_outstanding: int = 0  # pending plus leased items of the whole stage
 
 
 class Coordinator:
@@ -59,9 +76,19 @@ class Coordinator:
         self._touch()
         return results
 
-    async def lease(self, worker: str, max_items: int) -> list[tuple[str, Any, dict]]:
+    async def lease(self, worker: str, max_items: int, num_running: int = 0) -> LeaseReply:
         self._touch()
-        return [(i.item_id, i.prompt, i.params) for i in self.pool.lease(worker, max_items, time.monotonic())]
+        now = time.monotonic()
+        items = self.pool.lease(worker, max_items, now, num_running)
+        return LeaseReply(
+            items=[LeasedItem(i.item_id, i.prompt, i.params, i.owner, i.state, i.movable) for i in items],
+            give_back=self.pool.partition_share(worker, now),
+            num_outstanding=self.pool.num_outstanding,
+        )
+
+    async def give_back(self, worker: str, item_id: str, state: Any, num_generated: int) -> bool:
+        self._touch()
+        return self.pool.give_back(worker, item_id, state, num_generated, time.monotonic())
 
     async def complete(self, worker: str, item_id: str, result: Any) -> bool:
         self._touch()

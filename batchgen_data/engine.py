@@ -260,10 +260,21 @@ class Engine:
     # -- MIGRATE --------------------------------------------------------------------------------
 
     def export_sequence(self, seq: Sequence, with_kv: bool = False) -> SequenceState:
-        """Take a waiting or suspended sequence out of this engine in portable form."""
-        if seq.status not in (SequenceStatus.WAITING, SequenceStatus.SUSPENDED):
-            raise BatchGenError(f"only waiting or suspended sequences can be exported, not {seq.status.name}")
-        kv = seq.host_kv if with_kv else None
+        """Take a sequence out of this engine in portable form (MIGRATE).
+
+        A waiting, suspended or running one (between steps). ``with_kv`` carries the KV it has
+        computed (read out of the pages, or its host copy when suspended by swapping); without it
+        the importing engine recomputes the KV from the tokens.
+        """
+        if seq.status not in (SequenceStatus.WAITING, SequenceStatus.SUSPENDED, SequenceStatus.RUNNING):
+            raise BatchGenError(f"only waiting, suspended or running sequences can be exported, not {seq.status.name}")
+        kv = None
+        if seq.status is SequenceStatus.RUNNING:
+            if with_kv and seq.num_computed_tokens:
+                kv = self.runner.read_kv(seq.block_ids, seq.num_computed_tokens)
+            self.scheduler.release(seq)
+        elif with_kv:
+            kv = seq.host_kv
         if seq in self.scheduler.waiting:
             self.scheduler.waiting.remove(seq)
         if seq in self.scheduler.suspended:
@@ -276,15 +287,25 @@ class Engine:
         return state
 
     def import_sequence(self, state: SequenceState) -> Sequence:
-        """Continue a sequence exported by another engine; its KV is recomputed from tokens."""
+        """Continue a sequence exported by another engine.
+
+        Its KV comes from ``state.kv`` through the swap-in path when given (the copy is already in
+        this process; it counts in the host pool until restored), else it is recomputed.
+        """
         request_id, self._next_id = self._next_id, self._next_id + 1
         seq = Sequence(request_id, list(state.prompt_token_ids), state.params, state.seed, arrival_s=self._now())
         seq.output_token_ids = list(state.output_token_ids)
-        if seq.output_token_ids:
-            seq.status = SequenceStatus.SUSPENDED  # resumes through the recompute path
-            self.scheduler.suspended.append(seq)
-        else:
+        if not seq.output_token_ids:
             self.scheduler.add(seq)
+            return seq
+        seq.status = SequenceStatus.SUSPENDED  # resumes through the swap-in or the recompute path
+        kv_tokens = 0 if state.kv is None else int(state.kv.shape[2])
+        kv_bytes = kv_tokens * self.scheduler.kv_bytes_per_token
+        if 0 < kv_tokens < seq.num_tokens:
+            seq.host_kv = state.kv
+            seq.num_computed_tokens = kv_tokens
+            self.scheduler.host_bytes_used += kv_bytes
+        self.scheduler.suspended.append(seq)
         return seq
 
     # -- stats ----------------------------------------------------------------------------------

@@ -231,6 +231,13 @@ class Scheduler:
 
     # -- errors and migration -------------------------------------------------------------------
 
+    def release(self, seq: Sequence) -> None:
+        """Take a running sequence out of the running set and free its pages (MIGRATE out)."""
+        self.running.remove(seq)
+        self.blocks.free(seq.block_ids)
+        seq.block_ids = []
+        seq.num_computed_tokens = 0
+
     def abort(self, seq: Sequence, reason: str, now_s: float) -> None:
         """Finish a queued or running sequence with an error, freeing what it holds."""
         for pool in (self.running, self.suspended):

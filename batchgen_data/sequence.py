@@ -29,7 +29,9 @@ TRANSITIONS: dict[SequenceStatus, frozenset[SequenceStatus]] = {
     SequenceStatus.WAITING: frozenset(
         {SequenceStatus.RUNNING, SequenceStatus.FINISHED, SequenceStatus.EXPORTED}
     ),
-    SequenceStatus.RUNNING: frozenset({SequenceStatus.SUSPENDED, SequenceStatus.FINISHED}),
+    SequenceStatus.RUNNING: frozenset(
+        {SequenceStatus.SUSPENDED, SequenceStatus.FINISHED, SequenceStatus.EXPORTED}
+    ),
     SequenceStatus.SUSPENDED: frozenset(
         {SequenceStatus.RUNNING, SequenceStatus.FINISHED, SequenceStatus.EXPORTED}
     ),

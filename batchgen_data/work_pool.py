@@ -22,6 +22,13 @@ from typing import Any
 
 # A worker that asked for work this recently counts as active when sharing out pending items.
 _ACTIVE_WINDOW_S = 1.0
+# After giving sequences back, a worker is not asked again for this long (the receivers'
+# load reports must catch up first, or the pool would over-give).
+_PARTITION_COOLDOWN_S = 1.0
+# How long a given-back sequence is kept from the worker that gave it back.
+_GIVEN_BACK_RESERVE_S = 3.0
+# A sequence moves at most this many times (no ping-pong between two nearly even actors).
+_MAX_MOVES = 2
 
 
 @dataclass(slots=True)
@@ -32,11 +39,27 @@ class WorkItem:
     prompt: Any
     params: dict  # SamplingParams fields, plain data
     attempts: int = 0
+    state: Any = None  # a started sequence given back mid-generation (MIGRATE), opaque here
+    num_generated: int = 0  # tokens the given-back state already holds
+    num_moves: int = 0
+    not_for: str | None = None  # the worker that gave it back does not lease it again ...
+    not_for_until: float = 0.0  # ... for a while (then anyone may: no item waits on a gone worker)
+
+    @property
+    def movable(self) -> bool:
+        return self.num_moves < _MAX_MOVES
 
     @property
     def cost(self) -> int:
-        """Work estimate in tokens: the output budget dominates a decode-bound batch job."""
-        return int(self.params.get("max_tokens") or 256) + 1
+        """Work estimate in tokens: the output budget left dominates a decode-bound batch job."""
+        return max(0, int(self.params.get("max_tokens") or 256) - self.num_generated) + 1
+
+
+@dataclass(slots=True)
+class _Load:
+    num_running: int  # sequences in the worker's engine
+    room: int  # how many more it would run now
+    seen: float
 
 
 @dataclass(slots=True)
@@ -52,6 +75,7 @@ class PoolCounters:
     num_moved: int = 0  # completed by a worker other than the owner
     num_requeued: int = 0  # leases returned after a worker death or expiry (work redone)
     num_duplicates_dropped: int = 0
+    num_migrated: int = 0  # started sequences given back at the tail and continued elsewhere
     leased_by_worker: dict = field(default_factory=dict)
 
 
@@ -65,6 +89,8 @@ class WorkPool:
         self.batches: dict[str, list[str]] = {}
         self.batch_waiters: dict[str, int] = {}
         self.last_seen: dict[str, float] = {}  # worker -> last lease call (who is active)
+        self.loads: dict[str, _Load] = {}
+        self.last_gave: dict[str, float] = {}
         self.counters = PoolCounters()
 
     # -- owners ---------------------------------------------------------------------------------
@@ -99,20 +125,25 @@ class WorkPool:
 
     # -- workers --------------------------------------------------------------------------------
 
-    def lease(self, worker: str, max_items: int, now: float) -> list[WorkItem]:
-        """Up to ``max_items`` pending items, the worker's own batches' items first.
+    def lease(self, worker: str, max_items: int, now: float, num_running: int = 0) -> list[WorkItem]:
+        """Up to ``max_items`` pending items, the longest first, the worker's own among equals.
 
         A worker holds at most its fair share of the outstanding work (pending plus leased, in
         estimated tokens, over the active workers, active = asked recently), so an owner does not
         hoard long rows another actor would start now. A worker holding nothing always gets one.
+        ``num_running`` (sequences in its engine) is its load report for ``partition_share``.
         """
         self.expire(now)
         self.last_seen[worker] = now
+        self.loads[worker] = _Load(num_running, max(0, max_items), now)
         taken: list[WorkItem] = []
         if max_items <= 0 or not self.pending:
             return taken
-        own = [i for i in self.pending if self.items[i].owner == worker]
-        others = [i for i in self.pending if self.items[i].owner != worker]
+        # Longest first (by estimated tokens left), the worker's own items first among equals:
+        # long rows start early and overlap with short ones instead of forming the job's tail
+        # (longest-processing-time-first, the classic makespan rule for parallel machines).
+        leasable = [i for i in self.pending if not self._kept_from(self.items[i], worker, now)]
+        leasable.sort(key=lambda i: (-self.items[i].cost, self.items[i].owner != worker))
         active = sum(1 for t in self.last_seen.values() if now - t < _ACTIVE_WINDOW_S)
         held = sum(self.items[i].cost for i, lease in self.leases.items() if lease.worker == worker)
         outstanding = sum(self.items[i].cost for i in self.pending) + sum(self.items[i].cost for i in self.leases)
@@ -120,9 +151,11 @@ class WorkPool:
         if quota <= 0 and held > 0:
             return taken  # over its share already; a worker holding nothing always gets one item
         chosen = []
-        for item_id in own + others:
-            if len(chosen) == max_items or (chosen and quota < self.items[item_id].cost):
+        for item_id in leasable:
+            if len(chosen) == max_items:
                 break
+            if chosen and quota < self.items[item_id].cost:
+                continue  # a shorter one further on may still fit the share
             chosen.append(item_id)
             quota -= self.items[item_id].cost
         for item_id in chosen:
@@ -133,6 +166,44 @@ class WorkPool:
             taken.append(item)
         self.counters.leased_by_worker[worker] = self.counters.leased_by_worker.get(worker, 0) + len(taken)
         return taken
+
+    def partition_share(self, worker: str, now: float) -> int:
+        """PARTITION at the tail: how many running sequences ``worker`` should give back.
+
+        Only once nothing is pending (idle actors take unstarted work first): for each other
+        active worker with room, half the gap between the two running sets, at most its room.
+        """
+        me = self.loads.get(worker)
+        if self.pending or me is None or now - self.last_gave.get(worker, -1e9) < _PARTITION_COOLDOWN_S:
+            return 0
+        give = 0
+        for other, load in self.loads.items():
+            if other == worker or now - load.seen > _ACTIVE_WINDOW_S or load.room <= 0:
+                continue
+            gap = me.num_running - give - load.num_running
+            give += max(0, min(gap // 2, load.room))
+        return give
+
+    def give_back(self, worker: str, item_id: str, state: Any, num_generated: int, now: float) -> bool:
+        """End a lease with the sequence's exported state: the item is pending again, to be
+        continued by another worker. False (state dropped) if the lease is no longer this
+        worker's: it expired and the item is already pending or running elsewhere."""
+        lease = self.leases.get(item_id)
+        if lease is None or lease.worker != worker or item_id in self.results:
+            return False
+        item = self.items[item_id]
+        del self.leases[item_id]
+        item.state, item.num_generated = state, num_generated
+        item.not_for, item.not_for_until = worker, now + _GIVEN_BACK_RESERVE_S
+        item.num_moves += 1
+        self.pending.appendleft(item_id)
+        self.last_gave[worker] = now
+        self.counters.num_migrated += 1
+        return True
+
+    @staticmethod
+    def _kept_from(item: WorkItem, worker: str, now: float) -> bool:
+        return item.not_for == worker and now < item.not_for_until
 
     def heartbeat(self, worker: str, now: float) -> None:
         for lease in self.leases.values():
@@ -162,6 +233,7 @@ class WorkPool:
                 self.pending.appendleft(item_id)
 
     def worker_died(self, worker: str) -> int:
+        self.loads.pop(worker, None)
         lost = [i for i, lease in self.leases.items() if lease.worker == worker]
         for item_id in lost:
             del self.leases[item_id]

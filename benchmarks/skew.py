@@ -67,15 +67,17 @@ def run_case(ray, rows, args, rebalance: bool, stats_dir: Path) -> dict:
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="demo")
-    parser.add_argument("--rows", type=int, default=256)
-    parser.add_argument("--long-rows", type=int, default=64)
+    parser.add_argument("--rows", type=int, default=512)
+    parser.add_argument("--long-rows", type=int, default=128)
     parser.add_argument("--short-tokens", type=int, default=8)
-    parser.add_argument("--long-tokens", type=int, default=64)
+    parser.add_argument("--long-tokens", type=int, default=128)
     parser.add_argument("--blocks", type=int, default=4)
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--actors", type=int, default=2)
-    parser.add_argument("--max-num-seqs", type=int, default=128)
+    # Fewer running slots than rows per actor, as in any real job (the KV budget bounds the
+    # running set; blocks hold far more rows): work queues behind each actor's running set.
+    parser.add_argument("--max-num-seqs", type=int, default=32)
     parser.add_argument("--out", type=Path, default=Path("runs/skew"))
     args = parser.parse_args(argv)
 

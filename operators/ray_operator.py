@@ -55,17 +55,22 @@ class BatchGenOperator:
         self.config = StageConfig(model=model, engine_config=engine_config, prompt_column=prompt_column,
                                   prompt_template=prompt_template,
                                   should_continue_on_error=should_continue_on_error, **sampling_defaults)
+        if rebalance is None:  # on inside a Ray actor (several actors share a pool), off elsewhere
+            rebalance = _in_ray_actor()
+        coordinator = None
+        if rebalance:  # the coordinator's process starts while this actor loads the model
+            from batchgen_data.operators.rebalance import start_coordinator
+
+            coordinator = start_coordinator(repr(self.config), lease_timeout_s)
         self.engine = AsyncEngine(Engine(model, self.config.engine_config))
         self.stats_dir = stats_dir
         if stats_dir is not None:
             self.engine.engine.config.collect_timeline = True
-        if rebalance is None:  # on inside a Ray actor (several actors share a pool), off elsewhere
-            rebalance = _in_ray_actor()
         self.rebalancer = None
         if rebalance:
             from batchgen_data.operators.rebalance import RebalanceClient
 
-            self.rebalancer = RebalanceClient(self.engine, repr(self.config), lease_timeout_s)
+            self.rebalancer = RebalanceClient(self.engine, repr(self.config), lease_timeout_s, coordinator)
         self._rows_in_flight = 0
         self._peak_rows_in_flight = 0
         self._num_calls = 0
@@ -128,10 +133,9 @@ class BatchGenOperator:
         os.replace(tmp, path)
 
     def rebalance_stats(self) -> dict:
-        """This actor's rebalancing counters (items leased, run for other owners, idle time)."""
-        from dataclasses import asdict
-
-        return {} if self.rebalancer is None else asdict(self.rebalancer.stats)
+        """This actor's rebalancing counters: items leased, run for other owners, sequences given
+        back and continued at the tail, recomputed KV tokens, idle and busy seconds."""
+        return {} if self.rebalancer is None else self.rebalancer.snapshot()
 
     def __del__(self):
         engine = getattr(self, "engine", None)

@@ -4,13 +4,20 @@ NOTE: how one actor takes part.
   * As an owner, ``run_batch`` submits the batch's valid rows to the coordinator and awaits their
     results; it then emits the rows itself (exactly once, in order).
   * As a worker, a background loop leases pool items whenever its engine has room below
-    ``max_num_seqs`` (its own batches' items first), runs them, and completes them; heartbeats
+    ``max_num_seqs`` plus a prefetch margin (its own batches' items first), runs them, and
+    completes them; heartbeats
     keep its leases alive, and a dead worker's leases expire back into the pool.
   * If the coordinator cannot be reached, the owner runs its batch on its own engine: the job
     completes without rebalancing rather than losing rows.
+  * At the tail (nothing pending), the pool asks a worker with more running sequences than an
+    idle one to give some back (PARTITION of the straggler set): its engine exports the ones
+    with the most tokens left that are worth moving (``batchgen_data/migration.py``), with
+    their KV when shipping it beats recomputing, and the idle worker leases and continues them
+    (MIGRATE). A given-back item is an ordinary pending item with a state attached, so leases,
+    expiry and first-result-wins cover it unchanged.
   * Ray Data shuts an actor down once it has no call in flight and no input is left, so an actor
     leases only while one of its own calls is open, and its last open call stays open while the
-    pool still has work for it (the tail is exactly when that matters) and until the items it
+    stage still has outstanding work (which may come to it at the tail) and until the items it
     leased are done: an actor is never stopped while holding leases.
 """
 
@@ -26,7 +33,8 @@ import uuid
 from dataclasses import asdict, dataclass
 
 from batchgen_data.async_engine import AsyncEngine, EngineDeadError
-from batchgen_data.coordinator import NAMESPACE, coordinator_name, get_or_create_coordinator
+from batchgen_data.coordinator import NAMESPACE, LeasedItem, LeaseReply, coordinator_name, get_or_create_coordinator
+from batchgen_data.migration import MigratedOut
 from batchgen_data.operators.rows import RowResult
 from batchgen_data.sampling_params import SamplingParams
 
@@ -34,8 +42,11 @@ logger = logging.getLogger(__name__)
 
 _HEARTBEAT_S = 2.0
 _IDLE_POLL_S = 0.05
-# How long an actor's last open call waits for more pool work before returning.
-_TAIL_GRACE_S = 1.0
+# Rows leased beyond the running set, as a share of max_num_seqs: they wait in the engine, so a
+# finished sequence is replaced in the same step instead of after a pool round trip, and the
+# newcomers' prefills batch together. The pool's fair share bounds what one actor holds, and
+# waiting rows are the first given back at the tail.
+_PREFETCH_FRACTION = 0.5
 
 
 @dataclass(slots=True)
@@ -43,26 +54,45 @@ class RebalanceStats:
     num_leased: int = 0
     num_run_for_others: int = 0
     num_fallback_batches: int = 0
+    num_given_back: int = 0  # running sequences this actor handed to others at the tail
+    num_continued: int = 0  # sequences started elsewhere that this actor finished
+    num_recomputed_tokens: int = 0  # KV rebuilt from tokens in this actor's engine
     idle_s: float = 0.0
     busy_s: float = 0.0
 
 
+def _stage_coordinator_name(stage_key: str) -> str:
+    import ray
+
+    return coordinator_name(ray.get_runtime_context().get_job_id(), stage_key)
+
+
+def start_coordinator(stage_key: str, lease_timeout_s: float):
+    """Create or find the stage's coordinator without waiting for it; None if Ray refuses (the
+    client then retries at first use, and falls back to local runs if that fails too)."""
+    try:
+        return get_or_create_coordinator(_stage_coordinator_name(stage_key), lease_timeout_s)
+    except Exception as err:
+        logger.warning("could not start the work pool coordinator yet: %s", err)
+        return None
+
+
 class RebalanceClient:
-    def __init__(self, engine: AsyncEngine, stage_key: str, lease_timeout_s: float):
+    def __init__(self, engine: AsyncEngine, stage_key: str, lease_timeout_s: float, coordinator=None):
         import ray
 
         self.engine = engine
         self.worker_id = f"{ray.get_runtime_context().get_actor_id() or 'driver'}-{uuid.uuid4().hex[:6]}"
-        self.name = coordinator_name(ray.get_runtime_context().get_job_id(), stage_key)
+        self.name = _stage_coordinator_name(stage_key)
         self.lease_timeout_s = lease_timeout_s
         self.stats = RebalanceStats()
-        self._coordinator = None
+        self._coordinator = coordinator  # None: created (or found) at first use
         self._loop_task: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
         self._coordinator_ok = True
         self._open_calls = 0
         self._items_in_flight = 0
-        self._last_lease_nonempty = 0.0
+        self._pool_outstanding = 0
 
     def _handle(self):
         if self._coordinator is None:
@@ -91,13 +121,12 @@ class RebalanceClient:
         return [RowResult(**r) for r in results]
 
     async def _drain_leased_items(self) -> None:
-        """Hold the actor's last open call while it still has pool work (leased, or leasable
-        within ``_TAIL_GRACE_S``); a new call arriving keeps the actor alive instead."""
-        deadline = time.monotonic() + _TAIL_GRACE_S
+        """Hold the actor's last open call while it runs pool items or the stage still has
+        outstanding work (pending, or leased by others and so possibly given back to it at the
+        tail); return as soon as the stage's pool is empty. A new call arriving keeps the actor
+        alive instead."""
         while self._open_calls == 1 and self._coordinator_ok:
-            if self._items_in_flight > 0 or self._last_lease_nonempty > time.monotonic() - _TAIL_GRACE_S:
-                deadline = time.monotonic() + _TAIL_GRACE_S
-            elif time.monotonic() > deadline:
+            if self._items_in_flight == 0 and self._pool_outstanding == 0:
                 return
             await asyncio.sleep(_IDLE_POLL_S)
 
@@ -115,7 +144,9 @@ class RebalanceClient:
             else:
                 self.stats.busy_s += now - last
             last = now
-            room = self.engine.engine.config.max_num_seqs - self.engine.num_unfinished
+            num_running = self.engine.num_unfinished
+            max_num_seqs = self.engine.engine.config.max_num_seqs
+            room = max_num_seqs + max(1, int(_PREFETCH_FRACTION * max_num_seqs)) - num_running
             if self._open_calls == 0:
                 room = 0  # no call to keep it alive: Ray Data may stop this actor at any moment
             try:
@@ -125,40 +156,66 @@ class RebalanceClient:
                     last_heartbeat = now
                 # Ask even with no room while a call is open: it marks this actor active, so the
                 # pool saves it a fair share of other owners' rows for when room frees up.
-                items = await coordinator.lease.remote(self.worker_id, room) if self._open_calls else []
+                reply = (await coordinator.lease.remote(self.worker_id, room, num_running)
+                         if self._open_calls else LeaseReply())
             except Exception as err:
                 logger.warning("work pool unavailable (%s); this actor stops pulling work", err)
                 self._coordinator_ok = False
                 return
-            for item in items:
+            self._pool_outstanding = reply.num_outstanding
+            for item in reply.items:
                 self._items_in_flight += 1
-                task = asyncio.get_running_loop().create_task(self._run_item(*item))
+                task = asyncio.get_running_loop().create_task(self._run_item(item))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
-            self.stats.num_leased += len(items)
-            if items:
-                self._last_lease_nonempty = time.monotonic()
-            await asyncio.sleep(0 if items else _IDLE_POLL_S)
+            self.stats.num_leased += len(reply.items)
+            if reply.give_back:
+                self.stats.num_given_back += await self._migrate_out(reply.give_back)
+            await asyncio.sleep(0 if reply.items else _IDLE_POLL_S)
 
-    async def _run_item(self, item_id: str, prompt, params: dict) -> None:
+    async def _migrate_out(self, count: int) -> int:
         try:
-            await self._run_and_complete(item_id, prompt, params)
+            return await self.engine.migrate_out(count)
+        except EngineDeadError:
+            logger.critical("batchgen engine died; exiting the actor so Ray restarts it", exc_info=True)
+            os._exit(1)
+
+    async def _run_item(self, item: LeasedItem) -> None:
+        try:
+            await self._run_and_complete(item)
         finally:
             self._items_in_flight -= 1
 
-    async def _run_and_complete(self, item_id: str, prompt, params: dict) -> None:
+    async def _run_and_complete(self, item: LeasedItem) -> None:
+        item_id = item.item_id
         try:
-            [out] = await self.engine.generate([prompt], [SamplingParams.from_dict(params)])
+            out = await self.engine.run_one(item.prompt, SamplingParams.from_dict(item.params), state=item.state,
+                                            movable=item.movable)
         except EngineDeadError:
             # Same rule as the owner path: exit so Ray restarts this actor; the leases it held
             # expire back into the pool and healthy actors redo them.
             logger.critical("batchgen engine died; exiting the actor so Ray restarts it", exc_info=True)
             os._exit(1)
+        if isinstance(out, MigratedOut):  # taken away at the tail: the pool hands it on
+            try:
+                await self._handle().give_back.remote(self.worker_id, item_id, out.state, len(out.state.output_token_ids))
+            except Exception as err:  # the lease expires and the item is redone from its start
+                logger.warning("could not give a sequence back to the work pool: %s", err)
+            return
+        if item.state is not None:
+            self.stats.num_continued += 1
+        if item.owner != self.worker_id:
+            self.stats.num_run_for_others += 1
         result = asdict(RowResult.from_output(out))
         try:
             await self._handle().complete.remote(self.worker_id, item_id, result)
         except Exception as err:
             logger.warning("could not report a result to the work pool: %s", err)
+
+    def snapshot(self) -> dict:
+        """This actor's counters, with the KV tokens its engine recomputed."""
+        self.stats.num_recomputed_tokens = self.engine.engine.scheduler.stats.num_recomputed_tokens
+        return asdict(self.stats)
 
     async def counters(self) -> dict:
         import ray

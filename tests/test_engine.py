@@ -231,6 +231,71 @@ def test_suspended_sequence_migrates_mid_generation(reference):
             assert rest[s.request_id] == refs[prompts.index(s.prompt_token_ids)]
 
 
+@pytest.mark.parametrize("with_kv", [True, False], ids=["kv-shipped", "kv-recomputed"])
+def test_running_sequence_migrates_mid_generation(reference, with_kv):
+    folder, prompts, _, refs = reference
+    source = Engine(folder, EngineConfig(block_size=8))
+    params = SamplingParams(max_tokens=MAX_NEW, temperature=0, ignore_eos=True)
+    seqs = [source.add_request(p, params) for p in prompts[:6]]
+    for _ in range(7):
+        source.step()
+    moved = [s for s in seqs if s.status.name == "RUNNING" and s.output_token_ids][:3]
+    assert len(moved) == 3
+    used = source.blocks.num_used
+    states = [source.export_sequence(s, with_kv=with_kv) for s in moved]
+    assert source.blocks.num_used < used  # the moved sequences' pages are free again
+    assert all((st.kv is not None) == with_kv for st in states)
+    target = Engine(folder, EngineConfig(block_size=8))
+    imported = [target.import_sequence(st) for st in states]
+    done = {}
+    for engine in (source, target):
+        while engine.has_unfinished_requests():
+            for s in engine.step():
+                done[(engine is target, s.request_id)] = s.output_token_ids
+    for old, new in zip(moved, imported):
+        assert done[(True, new.request_id)] == refs[prompts.index(old.prompt_token_ids)]
+    for s in seqs:
+        if s not in moved:
+            assert done[(False, s.request_id)] == refs[prompts.index(s.prompt_token_ids)]
+    recomputed = target.scheduler.stats.num_recomputed_tokens
+    assert (recomputed == 0) == with_kv  # shipped KV is restored, not rebuilt
+
+
+def test_async_migrate_out_hands_stragglers_to_another_engine(reference):
+    import asyncio
+
+    from batchgen_data.async_engine import AsyncEngine
+    from batchgen_data.migration import MigratedOut
+
+    folder, prompts, _, refs = reference
+    source, target = (AsyncEngine(Engine(folder, EngineConfig(block_size=8))) for _ in range(2))
+    lengths = [MAX_NEW if i % 2 else 2 for i in range(len(prompts))]
+
+    async def job():
+        calls = [asyncio.ensure_future(source.run_one(p, SamplingParams(max_tokens=m, temperature=0, ignore_eos=True)))
+                 for p, m in zip(prompts, lengths)]
+        while source.engine.stats().num_forwards < 4:
+            await asyncio.sleep(0.01)
+        moved = await source.migrate_out(3, transfer_bytes_per_s=1e12, latency_s=0.0)
+        results = await asyncio.gather(*calls)
+        finals = []
+        for result in results:
+            if isinstance(result, MigratedOut):
+                result = await target.run_one(None, None, state=result.state)
+            finals.append(result)
+        return moved, results, finals
+
+    try:
+        moved, results, finals = asyncio.run(job())
+    finally:
+        source.shutdown(), target.shutdown()
+    migrated = [i for i, r in enumerate(results) if isinstance(r, MigratedOut)]
+    assert moved == len(migrated) >= 1
+    assert all(lengths[i] == MAX_NEW for i in migrated)  # stragglers go, nearly finished rows stay
+    for i, out in enumerate(finals):
+        assert out.token_ids == refs[i][: lengths[i]]
+
+
 def test_async_callers_share_one_engine(reference):
     import asyncio
 

@@ -65,8 +65,44 @@ def test_retried_batch_gets_the_same_results_once_per_waiter():
     assert not pool.batches
 
 
+def test_partition_at_the_tail_halves_the_gap_and_hands_the_state_on():
+    pool = WorkPool()
+    pool.submit("a", "busy", [(f"p{i}", {"max_tokens": 100}) for i in range(8)])
+    pool.lease("idle", 0, now=0.0)
+    taken = pool.lease("busy", 8, now=0.1, num_running=0) + pool.lease("busy", 8, now=0.1)
+    taken += pool.lease("idle", 8, now=0.2)
+    assert not pool.pending and len(taken) == 8
+    for item in [i for i in taken if i.item_id in pool.leases and pool.leases[i.item_id].worker == "idle"]:
+        pool.complete("idle", item.item_id, "r")
+    pool.lease("idle", 8, now=1.0, num_running=0)  # idle again, with room
+    busy_held = [i for i, lease in pool.leases.items() if lease.worker == "busy"]
+    pool.lease("busy", 0, now=1.1, num_running=len(busy_held))
+    assert pool.partition_share("busy", now=1.1) == len(busy_held) // 2
+    assert pool.partition_share("idle", now=1.1) == 0  # the idle one gives nothing
+    moved = busy_held[0]
+    assert pool.give_back("busy", moved, state={"tokens": [1, 2, 3]}, num_generated=3, now=1.2)
+    assert pool.partition_share("busy", now=1.3) == 0  # something is pending again, and cooldown
+    assert pool.lease("busy", 8, now=1.3) == []  # the giver does not take it back ...
+    [continued] = pool.lease("idle", 8, now=1.4)
+    assert continued.item_id == moved and continued.state == {"tokens": [1, 2, 3]}
+    assert continued.cost == 100 - 3 + 1 and continued.movable
+    assert not pool.give_back("busy", moved, state=None, num_generated=0, now=1.5)  # not its lease now
+    pool.complete("idle", moved, "r")
+    assert pool.counters.num_migrated == 1
+
+
+def test_a_given_back_item_returns_to_its_giver_when_nobody_else_takes_it():
+    pool = WorkPool()
+    pool.submit("a", "w1", _rows(1))
+    [item] = pool.lease("w1", 1, now=0.0)
+    assert pool.give_back("w1", item.item_id, state="s", num_generated=1, now=0.0)
+    assert pool.lease("w1", 1, now=1.0) == []
+    [again] = pool.lease("w1", 1, now=10.0)  # the reserve for other workers lapsed
+    assert again.state == "s"
+
+
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["lease", "complete", "die", "expire", "release"]),
+@given(st.lists(st.tuples(st.sampled_from(["lease", "complete", "die", "expire", "release", "give_back"]),
                           st.integers(0, 2), st.integers(1, 4)), max_size=60),
        st.lists(st.integers(1, 4), min_size=1, max_size=4))
 def test_every_item_gets_exactly_one_result(ops, batch_sizes):
@@ -92,6 +128,8 @@ def test_every_item_gets_exactly_one_result(ops, batch_sizes):
         elif op == "release" and held[worker]:
             pool.release(worker, held[worker][:n])
             held[worker] = held[worker][n:]
+        elif op == "give_back" and held[worker]:
+            pool.give_back(worker, held[worker].pop(0), state="partial", num_generated=1, now=now)
     # Drain: a healthy worker finishes whatever is left (late completions are allowed too).
     while pool.num_outstanding:
         now += 100.0
