@@ -26,7 +26,7 @@ _ACTIVE_WINDOW_S = 1.0
 # load reports must catch up first, or the pool would over-give).
 _PARTITION_COOLDOWN_S = 1.0
 # How long a given-back sequence is kept from the worker that gave it back.
-_GIVEN_BACK_RESERVE_S = 3.0
+_GIVEN_BACK_RESERVE_S = 1.0
 # A sequence moves at most this many times (no ping-pong between two nearly even actors).
 _MAX_MOVES = 2
 

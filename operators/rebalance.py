@@ -18,7 +18,11 @@ NOTE: how one actor takes part.
   * Ray Data shuts an actor down once it has no call in flight and no input is left, so an actor
     leases only while one of its own calls is open, and its last open call stays open while the
     stage still has outstanding work (which may come to it at the tail) and until the items it
-    leased are done: an actor is never stopped while holding leases.
+    leased are done: an actor is never stopped while holding leases. A new call arriving releases
+    the held one. With ``max_concurrent_calls_per_actor=1`` no new call can arrive, so batches
+    advance in rounds (an actor done with its batch helps the others finish theirs before it
+    takes the next); with two or more calls per actor, as the operator's in-flight warning asks
+    for, there is no such barrier.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ logger = logging.getLogger(__name__)
 
 _HEARTBEAT_S = 2.0
 _IDLE_POLL_S = 0.05
+_FULL_POLL_S = 0.25
 # Rows leased beyond the running set, as a share of max_num_seqs: they wait in the engine, so a
 # finished sequence is replaced in the same step instead of after a pool round trip, and the
 # newcomers' prefills batch together. The pool's fair share bounds what one actor holds, and
@@ -171,7 +176,9 @@ class RebalanceClient:
             self.stats.num_leased += len(reply.items)
             if reply.give_back:
                 self.stats.num_given_back += await self._migrate_out(reply.give_back)
-            await asyncio.sleep(0 if reply.items else _IDLE_POLL_S)
+            # A full engine only reports its load (for the tail split): poll it less often, so
+            # the actor's event loop and the coordinator take less CPU from the engine thread.
+            await asyncio.sleep(0 if reply.items else _IDLE_POLL_S if room > 0 else _FULL_POLL_S)
 
     async def _migrate_out(self, count: int) -> int:
         try:
