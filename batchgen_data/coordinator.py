@@ -76,10 +76,10 @@ class Coordinator:
         self._touch()
         return results
 
-    async def lease(self, worker: str, max_items: int, num_running: int = 0) -> LeaseReply:
+    async def lease(self, worker: str, max_items: int, num_running: int = 0, free_slots: int = 0) -> LeaseReply:
         self._touch()
         now = time.monotonic()
-        items = self.pool.lease(worker, max_items, now, num_running)
+        items = self.pool.lease(worker, max_items, now, num_running, free_slots)
         return LeaseReply(
             items=[LeasedItem(i.item_id, i.prompt, i.params, i.owner, i.state, i.movable) for i in items],
             give_back=self.pool.partition_share(worker, now),

@@ -57,8 +57,8 @@ class WorkItem:
 
 @dataclass(slots=True)
 class _Load:
-    num_running: int  # sequences in the worker's engine
-    room: int  # how many more it would run now
+    num_running: int  # sequences in the worker's engine (running and waiting)
+    free_slots: int  # running slots it leaves empty right now (max_num_seqs - num_running)
     seen: float
 
 
@@ -125,17 +125,19 @@ class WorkPool:
 
     # -- workers --------------------------------------------------------------------------------
 
-    def lease(self, worker: str, max_items: int, now: float, num_running: int = 0) -> list[WorkItem]:
+    def lease(self, worker: str, max_items: int, now: float, num_running: int = 0,
+              free_slots: int = 0) -> list[WorkItem]:
         """Up to ``max_items`` pending items, the longest first, the worker's own among equals.
 
         A worker holds at most its fair share of the outstanding work (pending plus leased, in
         estimated tokens, over the active workers, active = asked recently), so an owner does not
         hoard long rows another actor would start now. A worker holding nothing always gets one.
-        ``num_running`` (sequences in its engine) is its load report for ``partition_share``.
+        ``num_running`` (sequences in its engine) and ``free_slots`` (running slots it leaves
+        empty) are its load report for ``partition_share``.
         """
         self.expire(now)
         self.last_seen[worker] = now
-        self.loads[worker] = _Load(num_running, max(0, max_items), now)
+        self.loads[worker] = _Load(num_running, max(0, free_slots), now)
         taken: list[WorkItem] = []
         if max_items <= 0 or not self.pending:
             return taken
@@ -171,17 +173,18 @@ class WorkPool:
         """PARTITION at the tail: how many running sequences ``worker`` should give back.
 
         Only once nothing is pending (idle actors take unstarted work first): for each other
-        active worker with room, half the gap between the two running sets, at most its room.
+        active worker with empty running slots, half the gap between the two, at most its empty
+        slots. Two full workers exchange nothing, however uneven their waiting queues.
         """
         me = self.loads.get(worker)
         if self.pending or me is None or now - self.last_gave.get(worker, -1e9) < _PARTITION_COOLDOWN_S:
             return 0
         give = 0
         for other, load in self.loads.items():
-            if other == worker or now - load.seen > _ACTIVE_WINDOW_S or load.room <= 0:
+            if other == worker or now - load.seen > _ACTIVE_WINDOW_S or load.free_slots <= 0:
                 continue
             gap = me.num_running - give - load.num_running
-            give += max(0, min(gap // 2, load.room))
+            give += max(0, min(gap // 2, load.free_slots))
         return give
 
     def give_back(self, worker: str, item_id: str, state: Any, num_generated: int, now: float) -> bool:

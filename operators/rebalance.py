@@ -9,8 +9,8 @@ NOTE: how one actor takes part.
     keep its leases alive, and a dead worker's leases expire back into the pool.
   * If the coordinator cannot be reached, the owner runs its batch on its own engine: the job
     completes without rebalancing rather than losing rows.
-  * At the tail (nothing pending), the pool asks a worker with more running sequences than an
-    idle one to give some back (PARTITION of the straggler set): its engine exports the ones
+  * At the tail (nothing pending), the pool asks a worker with more sequences than one that
+    leaves running slots empty to give some back (PARTITION of the straggler set): its engine exports the ones
     with the most tokens left that are worth moving (``batchgen_data/migration.py``), with
     their KV when shipping it beats recomputing, and the idle worker leases and continues them
     (MIGRATE). A given-back item is an ordinary pending item with a state attached, so leases,
@@ -161,7 +161,8 @@ class RebalanceClient:
                     last_heartbeat = now
                 # Ask even with no room while a call is open: it marks this actor active, so the
                 # pool saves it a fair share of other owners' rows for when room frees up.
-                reply = (await coordinator.lease.remote(self.worker_id, room, num_running)
+                free_slots = max(0, max_num_seqs - num_running) if self._open_calls else 0
+                reply = (await coordinator.lease.remote(self.worker_id, room, num_running, free_slots)
                          if self._open_calls else LeaseReply())
             except Exception as err:
                 logger.warning("work pool unavailable (%s); this actor stops pulling work", err)

@@ -74,10 +74,13 @@ def test_partition_at_the_tail_halves_the_gap_and_hands_the_state_on():
     assert not pool.pending and len(taken) == 8
     for item in [i for i in taken if i.item_id in pool.leases and pool.leases[i.item_id].worker == "idle"]:
         pool.complete("idle", item.item_id, "r")
-    pool.lease("idle", 8, now=1.0, num_running=0)  # idle again, with room
+    pool.lease("idle", 8, now=1.0, num_running=0, free_slots=8)  # idle again, slots empty
     busy_held = [i for i, lease in pool.leases.items() if lease.worker == "busy"]
     pool.lease("busy", 0, now=1.1, num_running=len(busy_held))
     assert pool.partition_share("busy", now=1.1) == len(busy_held) // 2
+    pool.lease("idle", 8, now=1.15, num_running=0, free_slots=0)  # no empty slots: nothing to give
+    assert pool.partition_share("busy", now=1.15) == 0
+    pool.lease("idle", 8, now=1.2, num_running=0, free_slots=8)
     assert pool.partition_share("idle", now=1.1) == 0  # the idle one gives nothing
     moved = busy_held[0]
     assert pool.give_back("busy", moved, state={"tokens": [1, 2, 3]}, num_generated=3, now=1.2)
