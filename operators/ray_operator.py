@@ -36,8 +36,10 @@ class BatchGenOperator:
         prompt_template (str | None): build prompts with ``prompt_template.format(**row)``.
         should_continue_on_error (bool, default True): bad rows become error rows; False raises.
         rebalance (bool | None, default None): share work with the stage's other actors through
-            a coordinator's pool (MIGRATE of unstarted rows, lease recovery after actor death);
-            None turns it on inside Ray actors. ``False`` keeps each batch on its actor.
+            a coordinator's pool: unstarted rows go to whichever actor has room, longest first;
+            at the tail, running sequences move to actors with empty slots (PARTITION and
+            MIGRATE); leased rows return to the pool when an actor dies. None turns it on
+            inside Ray actors. ``False`` keeps each batch on its actor.
         lease_timeout_s (float, default 15): how long a silent actor keeps leased rows before
             they go back to the pool.
         **sampling_defaults: ``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``,
