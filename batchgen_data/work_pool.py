@@ -27,8 +27,9 @@ _ACTIVE_WINDOW_S = 1.0
 _PARTITION_COOLDOWN_S = 1.0
 # How long a given-back sequence is kept from the worker that gave it back.
 _GIVEN_BACK_RESERVE_S = 1.0
-# A sequence moves at most this many times (no ping-pong between two nearly even actors).
-_MAX_MOVES = 2
+# A sequence moves at most this many times: with the cooldown and the empty-slots rule this
+# bounds ping-pong, and leaves the late stragglers (the most moved) still movable at the tail.
+_MAX_MOVES = 4
 
 
 @dataclass(slots=True)
@@ -164,6 +165,8 @@ class WorkPool:
             self.pending.remove(item_id)
             item = self.items[item_id]
             item.attempts += 1
+            if item.not_for == worker and item.num_moves:
+                item.num_moves -= 1  # nobody took it: back where it was, it never moved
             self.leases[item_id] = _Lease(worker, now + self.lease_timeout_s)
             taken.append(item)
         self.counters.leased_by_worker[worker] = self.counters.leased_by_worker.get(worker, 0) + len(taken)

@@ -102,6 +102,7 @@ def test_a_given_back_item_returns_to_its_giver_when_nobody_else_takes_it():
     assert pool.lease("w1", 1, now=0.5) == []
     [again] = pool.lease("w1", 1, now=10.0)  # the reserve for other workers lapsed
     assert again.state == "s"
+    assert again.num_moves == 0  # it never left: its move budget is intact
 
 
 @settings(max_examples=100, deadline=None)
