@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
+from typing import NoReturn
 from dataclasses import dataclass
 
 from batchgen_data.engine import Engine
@@ -27,6 +29,17 @@ logger = logging.getLogger(__name__)
 
 class EngineDeadError(BatchGenError, RuntimeError):
     """The engine thread failed; the engine cannot serve further requests."""
+
+
+def exit_for_restart() -> NoReturn:
+    """End a Ray actor whose engine died, so Ray restarts it.
+
+    Raising alone would send Ray's retries back to the dead actor forever (Ray Data LLM learned
+    this); exiting the process makes Ray restart the actor and retry its batches on a healthy
+    one, and the pool leases it held expire back into the pool.
+    """
+    logger.critical("batchgen engine died; exiting the actor so Ray restarts it", exc_info=True)
+    os._exit(1)
 
 
 @dataclass(slots=True)
@@ -100,14 +113,7 @@ class AsyncEngine:
                       movable: bool = True) -> GenerationOutput | MigratedOut:
         """One request (or the continuation of an exported ``state``): its output, or, if it is
         ``movable``, a ``MigratedOut`` when ``migrate_out`` took it away to run elsewhere."""
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future = loop.create_future()
-        self._ensure_running()
-        self._inbox.put(_Submission(prompt, params, _resolver(loop, done), state=state, movable=movable))
-        result = await done
-        if isinstance(result, BaseException):
-            raise EngineDeadError(f"engine failed: {result!r}") from result
-        return result
+        return await self._round_trip(lambda deliver: _Submission(prompt, params, deliver, state, movable))
 
     async def migrate_out(self, max_seqs: int, transfer_bytes_per_s: float | None = None,
                           latency_s: float | None = None) -> int:
@@ -115,17 +121,22 @@ class AsyncEngine:
         first, among those worth moving (``MigrationCosts.worth_moving``); each one's caller
         gets a ``MigratedOut`` with its state (KV included when shipping it beats recomputing).
         Returns how many were taken out."""
+        export = lambda: self._export_stragglers(max_seqs, transfer_bytes_per_s, latency_s)  # noqa: E731
+        return await self._round_trip(lambda deliver: _Command(export, deliver))
+
+    async def _round_trip(self, make_item: Callable[[Callable[[object], None]], _Submission | _Command]):
+        """Queue one item for the engine thread and await what it delivers."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future = loop.create_future()
         self._ensure_running()
-        costs = lambda: MigrationCosts.of_engine(self.engine, transfer_bytes_per_s, latency_s)  # noqa: E731
-        self._inbox.put(_Command(lambda: self._export_stragglers(max_seqs, costs()), _resolver(loop, done)))
+        self._inbox.put(make_item(_resolver(loop, done)))
         result = await done
         if isinstance(result, BaseException):
             raise EngineDeadError(f"engine failed: {result!r}") from result
         return result
 
-    def _export_stragglers(self, max_seqs: int, costs: MigrationCosts) -> int:
+    def _export_stragglers(self, max_seqs: int, transfer_bytes_per_s: float | None, latency_s: float | None) -> int:
+        costs = MigrationCosts.of_engine(self.engine, transfer_bytes_per_s, latency_s)
         movable = [live for live in self._live.values() if live.movable and live.seq.status in _EXPORTABLE]
         movable.sort(key=lambda live: -remaining_tokens(live.seq))
         moved = 0

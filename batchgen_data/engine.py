@@ -300,11 +300,10 @@ class Engine:
             return seq
         seq.status = SequenceStatus.SUSPENDED  # resumes through the swap-in or the recompute path
         kv_tokens = 0 if state.kv is None else int(state.kv.shape[2])
-        kv_bytes = kv_tokens * self.scheduler.kv_bytes_per_token
         if 0 < kv_tokens < seq.num_tokens:
             seq.host_kv = state.kv
             seq.num_computed_tokens = kv_tokens
-            self.scheduler.host_bytes_used += kv_bytes
+            self.scheduler.host_bytes_used += kv_tokens * self.scheduler.kv_bytes_per_token
         self.scheduler.suspended.append(seq)
         return seq
 

@@ -136,8 +136,7 @@ class Scheduler:
             self.host_bytes_used += kv_bytes
         else:
             seq.num_computed_tokens = 0
-        self.blocks.free(seq.block_ids)
-        seq.block_ids = []
+        self._free_pages(seq)
         self.suspended.append(seq)
 
     def _refill(self) -> list[Sequence]:
@@ -199,8 +198,7 @@ class Scheduler:
             reason = self._stop_reason(seq, token)
             if reason is not None:
                 self.running.remove(seq)
-                self.blocks.free(seq.block_ids)
-                seq.block_ids = []
+                self._free_pages(seq)
                 seq.finish(reason, now_s)
                 finished.append(seq)
         return finished
@@ -231,11 +229,14 @@ class Scheduler:
 
     # -- errors and migration -------------------------------------------------------------------
 
+    def _free_pages(self, seq: Sequence) -> None:
+        self.blocks.free(seq.block_ids)
+        seq.block_ids = []
+
     def release(self, seq: Sequence) -> None:
         """Take a running sequence out of the running set and free its pages (MIGRATE out)."""
         self.running.remove(seq)
-        self.blocks.free(seq.block_ids)
-        seq.block_ids = []
+        self._free_pages(seq)
         seq.num_computed_tokens = 0
 
     def abort(self, seq: Sequence, reason: str, now_s: float) -> None:
@@ -245,6 +246,5 @@ class Scheduler:
                 pool.remove(seq)
         if seq in self.waiting:
             self.waiting.remove(seq)
-        self.blocks.free(seq.block_ids)
-        seq.block_ids = []
+        self._free_pages(seq)
         seq.finish("error", now_s, error=reason)

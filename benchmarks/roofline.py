@@ -57,12 +57,6 @@ def measure_matmul_rates(hidden: int, ffn: int, rows: int = 1024, dtype=torch.fl
     }
 
 
-def measure_matmul_gflops(hidden: int, ffn: int, rows: int = 1024, dtype=torch.float32, device="cpu",
-                          seconds: float = 1.0) -> float:
-    """The best sustained GFLOP/s over the engine's GEMM kernels on the experts' shapes."""
-    return max(measure_matmul_rates(hidden, ffn, rows, dtype, device, seconds).values())
-
-
 def decode_flops_per_token(config: ModelConfig, context_len: int) -> float:
     """Matmul FLOPs of one decoded token: active weights (top-k experts, lm_head) plus attention."""
     weights = 2.0 * config.active_params_per_token

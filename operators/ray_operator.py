@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 
-from batchgen_data.async_engine import AsyncEngine, EngineDeadError
+from batchgen_data.async_engine import AsyncEngine, EngineDeadError, exit_for_restart
 from batchgen_data.engine import Engine
 from batchgen_data.operators.batch_format import to_columns, with_output_columns
 from batchgen_data.operators.rows import RowResult, StageConfig, check_errors, output_columns, prepare_rows
@@ -92,11 +92,7 @@ class BatchGenOperator:
                 outputs = await self.engine.generate([r.prompt for r in valid], [r.params for r in valid])
                 routed = [RowResult.from_output(out) for out in outputs]
         except EngineDeadError:
-            # Raising alone would send Ray's retries back to this dead actor forever (Ray Data
-            # LLM learned this); exiting the process makes Ray restart the actor and retry the
-            # batch on a healthy one.
-            logger.critical("batchgen engine died; exiting the actor so Ray restarts it", exc_info=True)
-            os._exit(1)
+            exit_for_restart()
         finally:
             self._rows_in_flight -= len(valid)
         for row, result in zip(valid, routed):

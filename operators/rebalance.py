@@ -4,16 +4,16 @@ NOTE: how one actor takes part.
   * As an owner, ``run_batch`` submits the batch's valid rows to the coordinator and awaits their
     results; it then emits the rows itself (exactly once, in order).
   * As a worker, a background loop leases pool items whenever its engine has room below
-    ``max_num_seqs`` plus a prefetch margin (its own batches' items first), runs them, and
-    completes them; heartbeats
-    keep its leases alive, and a dead worker's leases expire back into the pool.
+    ``max_num_seqs`` plus a prefetch margin (the longest first, its own batches' among equals),
+    runs them, and completes them; heartbeats keep its leases alive, and a dead worker's leases
+    expire back into the pool.
   * If the coordinator cannot be reached, the owner runs its batch on its own engine: the job
     completes without rebalancing rather than losing rows.
   * At the tail (nothing pending), the pool asks a worker with more sequences than one that
-    leaves running slots empty to give some back (PARTITION of the straggler set): its engine exports the ones
-    with the most tokens left that are worth moving (``batchgen_data/migration.py``), with
-    their KV when shipping it beats recomputing, and the idle worker leases and continues them
-    (MIGRATE). A given-back item is an ordinary pending item with a state attached, so leases,
+    leaves running slots empty to give some back (PARTITION of the straggler set): its engine
+    exports the ones with the most tokens left that are worth moving
+    (``batchgen_data/migration.py``), with their KV when shipping it beats recomputing, and the
+    idle worker leases and continues them (MIGRATE). A given-back item is an ordinary pending item with a state attached, so leases,
     expiry and first-result-wins cover it unchanged.
   * Ray Data shuts an actor down once it has no call in flight and no input is left, so an actor
     leases only while one of its own calls is open, and its last open call stays open while the
@@ -30,13 +30,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import os
 import pickle
 import time
 import uuid
 from dataclasses import asdict, dataclass
 
-from batchgen_data.async_engine import AsyncEngine, EngineDeadError
+from batchgen_data.async_engine import AsyncEngine, EngineDeadError, exit_for_restart
 from batchgen_data.coordinator import NAMESPACE, LeasedItem, LeaseReply, coordinator_name, get_or_create_coordinator
 from batchgen_data.migration import MigratedOut
 from batchgen_data.operators.rows import RowResult
@@ -161,7 +160,7 @@ class RebalanceClient:
                     last_heartbeat = now
                 # Ask even with no room while a call is open: it marks this actor active, so the
                 # pool saves it a fair share of other owners' rows for when room frees up.
-                free_slots = max(0, max_num_seqs - num_running) if self._open_calls else 0
+                free_slots = max(0, max_num_seqs - num_running)
                 reply = (await coordinator.lease.remote(self.worker_id, room, num_running, free_slots)
                          if self._open_calls else LeaseReply())
             except Exception as err:
@@ -185,8 +184,7 @@ class RebalanceClient:
         try:
             return await self.engine.migrate_out(count)
         except EngineDeadError:
-            logger.critical("batchgen engine died; exiting the actor so Ray restarts it", exc_info=True)
-            os._exit(1)
+            exit_for_restart()
 
     async def _run_item(self, item: LeasedItem) -> None:
         try:
@@ -200,10 +198,7 @@ class RebalanceClient:
             out = await self.engine.run_one(item.prompt, SamplingParams.from_dict(item.params), state=item.state,
                                             movable=item.movable)
         except EngineDeadError:
-            # Same rule as the owner path: exit so Ray restarts this actor; the leases it held
-            # expire back into the pool and healthy actors redo them.
-            logger.critical("batchgen engine died; exiting the actor so Ray restarts it", exc_info=True)
-            os._exit(1)
+            exit_for_restart()
         if isinstance(out, MigratedOut):  # taken away at the tail: the pool hands it on
             try:
                 await self._handle().give_back.remote(self.worker_id, item_id, out.state, len(out.state.output_token_ids))
