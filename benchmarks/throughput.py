@@ -60,6 +60,7 @@ def run_batchgen(folder: Path, workload, args) -> dict:
         if s["num_tokens"] == s["num_sampled"] and s["num_sampled"] >= config.refill_threshold * config.max_num_seqs
     ]
     steady_tps = sum(s["num_sampled"] for s in steady) / sum(s["step_s"] for s in steady) if steady else 0.0
+    phases = _phase_summary(engine.timeline)
     busy = stats.busy_s - base.busy_s
     kernel = stats.kernel_s - base.kernel_s
     return {
@@ -72,6 +73,7 @@ def run_batchgen(folder: Path, workload, args) -> dict:
         "mean_steady_batch": statistics.mean(s["num_sampled"] for s in steady) if steady else 0,
         "mean_tokens_per_expert_call": (stats.mean_tokens_per_expert_call),
         "runtime_overhead": 1.0 - kernel / busy if busy else 0.0,
+        "phases": phases,
         "outputs": [o.token_ids for o in outputs],
         "timeline": timeline,
         "engine_timeline": engine.timeline,
@@ -172,6 +174,26 @@ def main(argv=None) -> dict:
     return report
 
 
+# Decode phases by running-set size: where the wall time of a skewed batch goes.
+_DECODE_PHASES = ((128, None), (8, 128), (1, 8))
+
+
+def _phase_summary(timeline: list[dict]) -> list[dict]:
+    """Steps, seconds and tokens of the prefill-carrying steps and of decode steps by batch size."""
+    def row(name: str, steps: list[dict]) -> dict:
+        seconds = sum(s["step_s"] for s in steps)
+        sampled = sum(s["num_sampled"] for s in steps)
+        return {"phase": name, "steps": len(steps), "seconds": seconds, "forward_tokens": sum(s["num_tokens"] for s in steps),
+                "tokens_per_s": sampled / seconds if seconds else 0.0}
+
+    decode = [s for s in timeline if s["num_tokens"] == s["num_sampled"]]
+    rows = [row("steps with prefill chunks", [s for s in timeline if s["num_tokens"] > s["num_sampled"]])]
+    for lo, hi in _DECODE_PHASES:
+        name = f"decode, {lo}+ running" if hi is None else f"decode, {lo}-{hi - 1} running"
+        rows.append(row(name, [s for s in decode if s["num_sampled"] >= lo and (hi is None or s["num_sampled"] < hi)]))
+    return rows
+
+
 def _print_table(results: dict, summary: dict) -> None:
     print()
     print(f"{'system':<28}{'tok/s':>10}{'completion s':>14}{'vs batchgen':>13}")
@@ -186,6 +208,10 @@ def _print_table(results: dict, summary: dict) -> None:
           f"the best of {len(summary['matmul_gflops_by_kernel'])} kernel/shape rates)")
     print(f"mean tokens per expert call: {summary['mean_tokens_per_expert_call']:.1f}")
     print(f"runtime overhead (outside model modules): {100 * summary['runtime_overhead']:.1f}%")
+    print("batchgen-data phases:")
+    for p in results["batchgen-data"]["phases"]:
+        print(f"  {p['phase']:<28}{p['steps']:>6} steps{p['seconds']:>8.1f} s{p['forward_tokens']:>8} forward tokens"
+              f"{p['tokens_per_s']:>8.0f} output tok/s")
 
 
 def _plot(results: dict, path: Path) -> None:
