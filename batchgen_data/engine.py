@@ -12,15 +12,18 @@ import time
 from collections.abc import Iterator, Sequence as SequenceABC
 from dataclasses import dataclass
 
+import torch
 
 from batchgen_data.block_manager import BlockManager
 from batchgen_data.config import EngineConfig
 from batchgen_data.errors import BatchGenError, ConfigError, RequestError
 from batchgen_data.model import MoEModel
+from batchgen_data.model.gemm_tuning import load_or_tune
 from batchgen_data.model.kv_cache import KVCache
+from batchgen_data.model.layers import use_gemm_plan
 from batchgen_data.model_runner import ModelRunner
 from batchgen_data.outputs import GenerationOutput, RequestTimings
-from batchgen_data.paths import resolve_model
+from batchgen_data.paths import cache_dir, resolve_model
 from batchgen_data.sampling_params import SamplingParams
 from batchgen_data.scheduler import Scheduler
 from batchgen_data.sequence import Sequence, SequenceState, SequenceStatus
@@ -78,6 +81,9 @@ class Engine:
         device = self.config.resolve_device()
         dtype = self.config.resolve_dtype(device)
         self.model = MoEModel.from_pretrained(self.model_path, dtype, device, self.config.expert_backend)
+        if self.config.tune_gemms and device.type == "cpu" and dtype == torch.float32:
+            weights, max_rows = self.model.gemm_weights(self.config.max_num_batched_tokens, self.config.max_num_seqs)
+            use_gemm_plan(load_or_tune(weights, max_rows, cache_dir() / "gemm-plans"))
         mcfg = self.model.config
         self.tokenizer = PromptTokenizer(self.model_path, mcfg.vocab_size, mcfg.eos_token_ids)
         self.max_model_len = self.config.max_model_len or mcfg.max_position_embeddings
@@ -173,6 +179,7 @@ class Engine:
                     "t": self._now(),
                     "step_s": elapsed,
                     "num_running": len(self.scheduler.running),
+                    "num_waiting": len(self.scheduler.waiting) + len(self.scheduler.suspended),
                     "num_tokens": out.num_tokens,
                     "num_sampled": len(tokens),
                     "tokens_per_expert_call": self.runner.stats.last_tokens_per_expert_call,

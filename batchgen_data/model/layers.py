@@ -5,39 +5,45 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from batchgen_data.model.gemm_tuning import GemmPlan, available_kernels
 
-# GEMM layout on CPU, measured with the CPU build's MKL and oneDNN on this project's 2-core AMD
-# EPYC (AVX2) machines for the expert, attention and lm_head shapes (docs/benchmarks.md):
-# - up to ~256 rows, ``w @ x.T`` (the weight as the row-major left operand) runs 1.2-3x faster
-#   than ``F.linear(x, w)``; from ~512 rows the two are even;
-# - for wide weights (out features >= 4x in features: an expert's gate/up, the lm_head) oneDNN's
-#   matmul beats both by 1.1-1.6x from 1 row up, and returns row-major output; with a single
-#   row it is the fastest for every shape (1.2-1.6x).
+
+# CPU GEMM kernel per weight shape and row count: measured on the running machine when the
+# engine loads a model (``gemm_tuning.py``), merged into this process-wide table; shapes it has
+# not measured use the static rule below, measured on this project's AMD EPYC (AVX2) machines:
+# weight-left ``w @ x.T`` up to 256 rows, oneDNN for single rows and for wide weights (out
+# features >= 4x in features), ``F.linear`` otherwise.
 _WEIGHT_LEFT_MAX_ROWS = 256
 _ONEDNN_MIN_WIDTH_RATIO = 4
+_KERNELS = available_kernels()
+_PLAN = GemmPlan()
 
 
-def _has_onednn_linear() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+def use_gemm_plan(plan: GemmPlan) -> None:
+    """Dispatch the plan's shapes by its measured choices (other shapes keep theirs)."""
+    _PLAN.choices.update(plan.choices)
 
 
-_HAS_ONEDNN_LINEAR = _has_onednn_linear()
+def _static_choice(rows: int, n: int, k: int) -> str:
+    if "onednn" in _KERNELS and (rows == 1 or n >= _ONEDNN_MIN_WIDTH_RATIO * k):
+        return "onednn"
+    return "weight_left" if rows <= _WEIGHT_LEFT_MAX_ROWS else "linear"
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ w.T + b`` for x [M, K], w [N, K] -> [M, N], in the fastest measured GEMM for the shape.
+    """``x @ w.T + b`` for x [M, K], w [N, K] -> [M, N], in the fastest GEMM for the shape.
 
     With few rows on CPU the result may be the transpose of a contiguous [N, M] product (a
     view); callers that need row-major memory call ``.contiguous()``.
     """
     if x.device.type != "cpu" or x.dim() != 2 or w.dtype != torch.float32:
         return F.linear(x, w, b)
-    if _HAS_ONEDNN_LINEAR and (x.shape[0] == 1 or w.shape[0] >= _ONEDNN_MIN_WIDTH_RATIO * w.shape[1]):
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w, b, "none", [], "")
-    if x.shape[0] <= _WEIGHT_LEFT_MAX_ROWS:
-        out = torch.mm(w, x.contiguous().t()).t()  # [M, N] view of [N, M]
-        return out if b is None else out + b
-    return F.linear(x, w, b)
+    rows, (n, k) = x.shape[0], w.shape
+    name = _PLAN.kernel_for(rows, n, k) or _static_choice(rows, n, k)
+    if name == "linear":
+        return F.linear(x, w, b)
+    out = _KERNELS[name](x.contiguous(), w)
+    return out if b is None else out + b
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

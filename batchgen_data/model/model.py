@@ -23,7 +23,7 @@ from batchgen_data.model.checkpoint import (
     read_experts,
 )
 from batchgen_data.model.config import ModelConfig
-from batchgen_data.model.experts import ExpertBackend, make_expert_backend
+from batchgen_data.model.experts import ExpertBackend, ExpertWeights, make_expert_backend
 from batchgen_data.model.kv_cache import KVCache
 from batchgen_data.model.layers import GatedMLP, SharedExpert, linear, rms_norm
 from batchgen_data.model.rope import RotaryEmbedding
@@ -119,6 +119,36 @@ class MoEModel:
         else:
             lm_head = reader.get("lm_head.weight")
         return cls(config, embed, layers, reader.get("model.norm.weight"), lm_head, device, dtype)
+
+    def gemm_weights(self, max_batched_tokens: int, max_sampled_rows: int) -> tuple[dict, dict]:
+        """The weights ``linear`` multiplies, by (N, K) shape in model order, and the most rows
+        each shape sees in one call (for GEMM tuning)."""
+        weights: dict[tuple[int, int], list[torch.Tensor]] = {}
+        max_rows: dict[tuple[int, int], int] = {}
+
+        def add(w: torch.Tensor, rows: int) -> None:
+            shape = (w.shape[0], w.shape[1])
+            weights.setdefault(shape, []).append(w)
+            max_rows[shape] = max(rows, max_rows.get(shape, 0))
+
+        for layer in self.layers:
+            add(layer.attention.w_qkv, max_batched_tokens)
+            add(layer.attention.w_o, max_batched_tokens)
+            ffn = layer.ffn
+            mlps = [ffn] if isinstance(ffn, GatedMLP) else []
+            if isinstance(ffn, MoEBlock):
+                mlps += [ffn.shared_expert.mlp] if ffn.shared_expert is not None else []
+                experts = getattr(ffn.experts, "weights", None)  # the native backend's stacked weights
+                if isinstance(experts, ExpertWeights):
+                    routed = max_batched_tokens * self.config.num_experts_per_tok
+                    for e in range(experts.num_experts):
+                        add(experts.w_gate_up[e], routed)
+                        add(experts.w_down[e], routed)
+            for mlp in mlps:
+                add(mlp.w_gate_up, max_batched_tokens)
+                add(mlp.w_down, max_batched_tokens)
+        add(self.lm_head, max_sampled_rows)
+        return weights, max_rows
 
     def new_kv_cache(self, num_blocks: int, block_size: int) -> KVCache:
         return KVCache(self.config, num_blocks, block_size, self.dtype, self.device)

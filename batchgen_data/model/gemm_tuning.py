@@ -1,0 +1,167 @@
+"""Measured GEMM kernel choice on CPU: per weight shape and row count, the fastest kernel.
+
+Which fp32 GEMM is fastest for ``x [M, K] @ w[N, K].T`` depends on the CPU, its caches and the
+thread count as much as on the shapes: on this project's AMD EPYC (AVX2) machines oneDNN wins for
+wide weights and single rows, while on Intel Xeon (AVX-512) machines ``F.linear`` is 1.3-2x faster
+than it for one or two rows and for wide weights at 512 rows. So the engine measures instead of
+guessing (as cuBLASLt heuristics or inductor's autotuning do on GPUs):
+
+NOTE: the measurement. For each row bucket (1, 2-3, 4-7, ... rows) and each kernel, one pass runs
+the kernel over every weight of the model for the shapes that bucket concerns, in model order,
+timing each call. With few rows a GEMM is bound by reading its weight from memory, so the pass
+streams weights (64 MiB per shape) as a decode step does (a hot-cache microbenchmark of one weight picks
+the wrong kernel there); with many rows it is compute bound and two weights per shape suffice.
+The best of two passes counts. The plan is cached per machine, torch version, thread count and
+shape set, so a process tunes once (~1-3 s for a 200 M-parameter model) and later ones load it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+logger = logging.getLogger(__name__)
+
+Shape = tuple[int, int]  # (N out features, K in features) of a weight
+Kernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _onednn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+
+
+def _weight_left(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.mm(w, x.t()).t()  # [M, N] view of the row-major [N, M] product
+
+
+def available_kernels() -> dict[str, Kernel]:
+    """The CPU GEMM kernels ``linear`` may dispatch to; each returns x @ w.T as [M, N]."""
+    kernels: dict[str, Kernel] = {"linear": F.linear, "weight_left": _weight_left}
+    if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        kernels["onednn"] = _onednn
+    return kernels
+
+
+# Row buckets: bucket i holds 2**i .. 2**(i+1)-1 rows and is measured at its geometric middle.
+NUM_BUCKETS = 11  # up to 1024+ rows; larger row counts use the last bucket's choice
+_MEMORY_BOUND_ROWS = 32  # up to here a pass streams weights of a shape, above it takes one
+_STREAM_BYTES = 64 * 2**20  # weights streamed per shape and pass: more than a CPU's L2 and L3 slice
+_MAX_MEASURED_ROWS = 1024
+_PASSES = 3
+
+
+def bucket_of(rows: int) -> int:
+    return min(NUM_BUCKETS - 1, max(rows, 1).bit_length() - 1)
+
+
+def bucket_rows(bucket: int) -> int:
+    return min(_MAX_MEASURED_ROWS, round(2**bucket * 1.41)) if bucket else 1
+
+
+@dataclass(slots=True)
+class GemmPlan:
+    """Kernel name per row bucket, for each weight shape it was tuned on."""
+
+    choices: dict[Shape, list[str]] = field(default_factory=dict)
+
+    def kernel_for(self, rows: int, n: int, k: int) -> str | None:
+        names = self.choices.get((n, k))
+        return names[min(bucket_of(rows), len(names) - 1)] if names else None
+
+    def to_json(self) -> str:
+        return json.dumps({f"{n}x{k}": names for (n, k), names in self.choices.items()})
+
+    @classmethod
+    def from_json(cls, text: str) -> "GemmPlan":
+        data = json.loads(text)
+        return cls({tuple(int(v) for v in key.split("x")): list(names) for key, names in data.items()})
+
+
+Timer = Callable[[Kernel, torch.Tensor, list[torch.Tensor]], float]
+
+
+def _time_pass(kernel: Kernel, x: torch.Tensor, weights: list[torch.Tensor]) -> float:
+    """Seconds per call of ``kernel(x, w)`` over the weights, in turn, with the output made
+    row-major as its consumers need it (weight-left returns a transposed view)."""
+    start = time.perf_counter()
+    for w in weights:
+        kernel(x, w).contiguous()
+    return (time.perf_counter() - start) / len(weights)
+
+
+def tune(weights: dict[Shape, list[torch.Tensor]], max_rows: dict[Shape, int],
+         kernels: dict[str, Kernel] | None = None, timer: Timer = _time_pass) -> GemmPlan:
+    """The fastest kernel per shape and row bucket up to ``max_rows[shape]``."""
+    kernels = kernels or available_kernels()
+    plan = GemmPlan()
+    for bucket in range(NUM_BUCKETS):
+        rows = bucket_rows(bucket)
+        shapes = [s for s in weights if bucket <= bucket_of(max_rows[s])]
+        if not shapes:
+            break
+        best: dict[Shape, dict[str, float]] = {s: {} for s in shapes}
+        streamed = {s: weights[s][: _num_streamed(weights[s]) if rows <= _MEMORY_BOUND_ROWS else 1] for s in shapes}
+        inputs = {s: torch.randn(rows, s[1], dtype=weights[s][0].dtype) for s in shapes}
+        for name, kernel in kernels.items():
+            for shape in shapes:
+                kernel(inputs[shape], weights[shape][0])  # warm-up: allocator, oneDNN primitive cache
+        for _ in range(_PASSES):
+            for name, kernel in kernels.items():
+                for shape in shapes:
+                    t = timer(kernel, inputs[shape], streamed[shape])
+                    best[shape][name] = min(t, best[shape].get(name, float("inf")))
+        for shape in shapes:
+            plan.choices.setdefault(shape, []).append(min(best[shape], key=best[shape].get))
+    return plan
+
+
+def _num_streamed(ws: list[torch.Tensor]) -> int:
+    return max(1, min(len(ws), -(-_STREAM_BYTES // (ws[0].numel() * ws[0].element_size()))))
+
+
+def plan_cache_key(weights: dict[Shape, list[torch.Tensor]], max_rows: dict[Shape, int]) -> str:
+    parts = [platform.machine(), platform.processor(), _cpu_model(), torch.__version__, str(torch.get_num_threads()),
+             sorted((s, len(ws), str(ws[0].dtype), bucket_of(max_rows[s])) for s, ws in weights.items())]
+    return hashlib.sha1(repr(parts).encode()).hexdigest()[:16]
+
+
+def load_or_tune(weights: dict[Shape, list[torch.Tensor]], max_rows: dict[Shape, int],
+                 cache_folder: Path | None) -> GemmPlan:
+    """The cached plan for this machine and model, else a freshly tuned one (then cached)."""
+    path = None if cache_folder is None else cache_folder / f"{plan_cache_key(weights, max_rows)}.json"
+    if path is not None and path.is_file():
+        try:
+            return GemmPlan.from_json(path.read_text())
+        except (ValueError, OSError) as err:
+            logger.warning("ignoring unreadable GEMM plan %s: %s", path, err)
+    start = time.perf_counter()
+    plan = tune(weights, max_rows)
+    logger.info("tuned CPU GEMM kernels for %d shapes in %.1f s", len(weights), time.perf_counter() - start)
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{time.time_ns()}.tmp")
+            tmp.write_text(plan.to_json())
+            tmp.replace(path)  # atomic: concurrent actors tuning at once do not corrupt it
+        except OSError as err:
+            logger.warning("could not cache the GEMM plan at %s: %s", path, err)
+    return plan
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
