@@ -6,8 +6,9 @@ NOTE: one step of ``schedule()``:
      budget. A sequence that crosses a KV page boundary gets a new page; when none is free,
      running sequences YIELD to host (suspend) in ``suspend_policy`` order until one is.
   2. Refill. When the running set has fallen below ``refill_threshold * max_num_seqs`` (or is
-     empty), suspended sequences resume first, then waiting ones are admitted, while their pages
-     fit (keeping one page of headroom per running sequence) and the set is below max_num_seqs.
+     empty, or nothing is suspended and all waiting work fits its free slots), suspended
+     sequences resume first, then waiting ones are admitted, while their pages fit (keeping one
+     page of headroom per running sequence) and the set is below max_num_seqs.
   3. Emit. The running sequences with work this step, in order, and their query lengths, are
      COMBINED into one forward (the model runner splits attention into micro-batches).
 ``update()`` then appends sampled tokens, applies the stop rules and frees finished sequences.
@@ -142,7 +143,12 @@ class Scheduler:
     def _refill(self) -> list[Sequence]:
         """Resume suspended sequences, then admit waiting ones, while their pages fit."""
         target = self.config.max_num_seqs
-        if self.running and len(self.running) >= self.config.refill_threshold * target:
+        # Waiting work that all fits starts now: holding a free slot empty for a threshold would
+        # only delay it (a job's last rows; a rebalancing actor leases for its empty slots only).
+        # Suspended work keeps the threshold: it yielded for memory, so resuming it at once would
+        # thrash.
+        all_fit = not self.suspended and len(self.waiting) <= target - len(self.running)
+        if self.running and len(self.running) >= self.config.refill_threshold * target and not all_fit:
             return []
         swap_in: list[Sequence] = []
         # Resume in the policy's order: the sequences that would be kept running come back first.

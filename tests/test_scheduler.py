@@ -127,3 +127,24 @@ def test_most_progress_policy_suspends_least_advanced_and_resumes_most_advanced_
     a.block_ids += blocks.allocate(3)
     victim = sched._pick_victim()
     assert victim is b
+
+
+def test_waiting_work_that_all_fits_starts_without_waiting_for_the_refill_threshold():
+    config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=16, block_size=4, refill_threshold=0.5)
+    sched = Scheduler(config, BlockManager(64, 4), max_model_len=100, kv_bytes_per_token=1)
+    params = SamplingParams(max_tokens=50, ignore_eos=True)
+    for i in range(3):
+        sched.add(Sequence(i, [5, 6], params, seed=i))
+    out = sched.schedule()
+    sched.update(out, [7] * len(out.seqs), 0.0)
+    assert len(sched.running) == 3
+    # 3 of 4 running is above the threshold (2), but the one waiting row fits the free slot:
+    # it starts now instead of when the running set falls to 2.
+    sched.add(Sequence(3, [5, 6], params, seed=3))
+    sched.add(Sequence(4, [5, 6], params, seed=4))
+    out = sched.schedule()
+    assert len(sched.running) == 3  # two waiting rows do not fit one slot: the threshold holds
+    sched.update(out, [7] * len(out.seqs), 0.0)
+    sched.abort(sched.waiting[-1], "test", 0.0)
+    sched.schedule()
+    assert len(sched.running) == 4
