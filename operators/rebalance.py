@@ -151,7 +151,10 @@ class RebalanceClient:
             else:
                 self.stats.busy_s += now - last
             last = now
-            num_running = self.engine.num_unfinished
+            # Items leased a moment ago may not have reached the engine yet (their tasks have
+            # not run, or the engine thread holds them between its inbox and its scheduler):
+            # count them, or the loop leases again for the same slots.
+            num_running = max(self.engine.num_unfinished, self._items_in_flight)
             max_num_seqs = self.engine.engine.config.max_num_seqs
             room = max_num_seqs - num_running
             if self._open_calls == 0:
