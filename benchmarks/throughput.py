@@ -38,6 +38,7 @@ def run_batchgen(folder: Path, workload, args) -> dict:
         max_num_seqs=args.max_num_seqs,
         attention_batch_size=args.attention_batch_size,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        tune_gemms=args.tune_gemms,
         collect_timeline=True,
     )
     engine = Engine(folder, config)
@@ -91,6 +92,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--static-batch-size", type=int, default=32)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--tune-gemms", action=argparse.BooleanOptionalAction, default=True,
+                        help="measured CPU GEMM kernel choice (--no-tune-gemms: the fixed rule)")
     parser.add_argument("--hf-cb-num-blocks", type=int, default=2048, help="transformers CB KV blocks (16 tokens)")
     parser.add_argument("--hf-cb-max-batch-tokens", type=int, default=512)
     parser.add_argument("--skip-continuous", action="store_true", help="skip transformers continuous batching")
