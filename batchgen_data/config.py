@@ -42,7 +42,7 @@ class EngineConfig:
         seed (int, default 0): seeds requests that bring no seed of their own.
         collect_timeline (bool, default False): record per-step stats for plots.
         tune_gemms (bool, default True): on CPU in fp32, measure which GEMM kernel is fastest
-            for each of the model's weight shapes and row counts on this machine (once, ~1-3 s
+            for each of the model's weight shapes and row counts on this machine (once, ~2-4 s
             for a 200 M-parameter model; cached under the cache folder) instead of a fixed rule.
 
     Example:

@@ -12,7 +12,7 @@ timing each call. With few rows a GEMM is bound by reading its weight from memor
 streams weights (64 MiB per shape) as a decode step does (a hot-cache microbenchmark of one weight picks
 the wrong kernel there); with many rows it is compute bound and two weights per shape suffice.
 The best of two passes counts. The plan is cached per machine, torch version, thread count and
-shape set, so a process tunes once (~1-3 s for a 200 M-parameter model) and later ones load it.
+shape set, so a process tunes once (~2-4 s for a 200 M-parameter model) and later ones load it.
 """
 
 from __future__ import annotations
