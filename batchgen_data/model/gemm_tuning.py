@@ -2,17 +2,18 @@
 
 Which fp32 GEMM is fastest for ``x [M, K] @ w[N, K].T`` depends on the CPU, its caches and the
 thread count as much as on the shapes: on this project's AMD EPYC (AVX2) machines oneDNN wins for
-wide weights and single rows, while on Intel Xeon (AVX-512) machines ``F.linear`` is 1.3-2x faster
-than it for one or two rows and for wide weights at 512 rows. So the engine measures instead of
-guessing (as cuBLASLt heuristics or inductor's autotuning do on GPUs):
+wide weights and single rows, while on an Intel Xeon (AVX-512) machine ``F.linear`` streamed the
+weights 1.1-1.6x faster than oneDNN with one or two rows. So the engine measures instead of
+guessing (as cuBLASLt heuristics or inductor's autotuning do on GPUs).
 
 NOTE: the measurement. For each row bucket (1, 2-3, 4-7, ... rows) and each kernel, one pass runs
-the kernel over every weight of the model for the shapes that bucket concerns, in model order,
-timing each call. With few rows a GEMM is bound by reading its weight from memory, so the pass
-streams weights (64 MiB per shape) as a decode step does (a hot-cache microbenchmark of one weight picks
-the wrong kernel there); with many rows it is compute bound and two weights per shape suffice.
-The best of two passes counts. The plan is cached per machine, torch version, thread count and
-shape set, so a process tunes once (~2-4 s for a 200 M-parameter model) and later ones load it.
+the kernel over the model's weights of every shape that bucket concerns, timing the calls. With
+few rows a GEMM is bound by reading its weight from memory, so the pass streams 64 MiB of each
+shape's weights as a decode step does (a hot-cache microbenchmark of one weight picks the wrong
+kernel there); with many rows it is compute bound and one weight per shape suffices. The best of
+three passes counts, and each call's output is made row-major as its consumers need. The plan is
+cached per machine, torch version, thread count and shape set, so a process tunes once (~2-4 s
+for a 200 M-parameter model) and later ones load it.
 """
 
 from __future__ import annotations
