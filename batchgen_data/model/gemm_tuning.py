@@ -9,8 +9,8 @@ guessing (as cuBLASLt heuristics or inductor's autotuning do on GPUs).
 NOTE: the measurement. For each row bucket (1, 2-3, 4-7, ... rows) and each kernel, one pass runs
 the kernel over the model's weights of every shape that bucket concerns, timing the calls. With
 few rows a GEMM is bound by reading its weight from memory, so the pass streams 64 MiB of each
-shape's weights as a decode step does (a hot-cache microbenchmark of one weight picks the wrong
-kernel there); with many rows it is compute bound and one weight per shape suffices. The best of
+shape's weights as a decode step does (a hot-cache microbenchmark of one weight can favour a
+kernel that is slower in place); with many rows it is compute bound and one weight per shape suffices. The best of
 three passes counts, and each call's output is made row-major as its consumers need. The plan is
 cached per machine, torch version, thread count and shape set, so a process tunes once (~2-4 s
 for a 200 M-parameter model) and later ones load it.
