@@ -9,24 +9,21 @@ engine happened to pick.
 from __future__ import annotations
 
 import time
-from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from batchgen_data.model import ModelConfig
+from batchgen_data.model.gemm_tuning import Kernel, available_kernels
 
-Kernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# The engine's CPU kernels (batchgen_data.model.gemm_tuning), under the names the JSON reports.
+_KERNEL_NAMES = {"linear": "F.linear", "weight_left": "weight-left mm", "onednn": "oneDNN linear"}
 
 
 def _kernels(device) -> dict[str, Kernel]:
-    kernels: dict[str, Kernel] = {
-        "F.linear": F.linear,
-        "weight-left mm": lambda x, w: torch.mm(w, x.t()).t(),
-    }
-    if str(device) == "cpu" and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
-        kernels["oneDNN linear"] = lambda x, w: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
-    return kernels
+    kernels = available_kernels()
+    if str(device) != "cpu":
+        kernels.pop("onednn", None)
+    return {_KERNEL_NAMES[name]: kernel for name, kernel in kernels.items()}
 
 
 def measure_kernel_gflops(kernel: Kernel, rows: int, in_features: int, out_features: int,

@@ -5,16 +5,22 @@ NOTE: how one actor takes part.
     results; it then emits the rows itself (exactly once, in order).
   * As a worker, a background loop leases pool items whenever its engine has running slots
     free below ``max_num_seqs`` (the longest first, its own batches' among equals), runs them,
-    and completes them; heartbeats keep its leases alive, and a dead worker's leases
-    expire back into the pool.
+    and completes them; heartbeats keep its leases alive, and a dead worker's leases expire back
+    into the pool. It leases for empty slots only, no prefetch beyond them: a row leased ahead
+    waits in that engine until one of its slots frees (with long rows running, a whole long
+    sequence) while another actor could start it now, and prefetched rows refill freed slots
+    before the actor ever reports them empty, so the pool's longest-first rule never gets to
+    place long rows there (on the clustered skew workload, ~700 steps per actor instead of the
+    560 of perfect packing). A finishing item wakes the loop instead, so a freed slot is leased
+    for within milliseconds, not at the next poll.
   * If the coordinator cannot be reached, the owner runs its batch on its own engine: the job
     completes without rebalancing rather than losing rows.
   * At the tail (nothing pending), the pool asks a worker with more sequences than one that
     leaves running slots empty to give some back (PARTITION of the straggler set): its engine
     exports the ones with the most tokens left that are worth moving
     (``batchgen_data/migration.py``), with their KV when shipping it beats recomputing, and the
-    idle worker leases and continues them (MIGRATE). A given-back item is an ordinary pending item with a state attached, so leases,
-    expiry and first-result-wins cover it unchanged.
+    idle worker leases and continues them (MIGRATE). A given-back item is an ordinary pending
+    item with a state attached, so leases, expiry and first-result-wins cover it unchanged.
   * Ray Data shuts an actor down once it has no call in flight and no input is left, so an actor
     leases only while one of its own calls is open, and its last open call stays open while the
     stage still has outstanding work (which may come to it at the tail) and until the items it
@@ -46,13 +52,6 @@ logger = logging.getLogger(__name__)
 _HEARTBEAT_S = 2.0
 _IDLE_POLL_S = 0.05
 _FULL_POLL_S = 0.25
-# An actor leases only for its empty running slots, no prefetch beyond them: a row leased ahead
-# waits in that engine until one of its slots frees, which with long rows running takes a whole
-# long sequence, while another actor could start it now; and a prefetch refills freed slots in
-# the engine before the actor ever reports them empty, so the pool's longest-first rule never
-# gets to place long rows there (on the clustered skew workload, ~700 steps per actor instead
-# of the 560 of perfect packing). The finishing item wakes the lease loop instead, so a freed
-# slot is leased for within milliseconds, not at the next poll.
 
 
 @dataclass(slots=True)
@@ -155,10 +154,9 @@ class RebalanceClient:
             # not run, or the engine thread holds them between its inbox and its scheduler):
             # count them, or the loop leases again for the same slots.
             num_running = max(self.engine.num_unfinished, self._items_in_flight)
-            max_num_seqs = self.engine.engine.config.max_num_seqs
-            room = max_num_seqs - num_running
-            if self._open_calls == 0:
-                room = 0  # no call to keep it alive: Ray Data may stop this actor at any moment
+            free_slots = max(0, self.engine.engine.config.max_num_seqs - num_running)
+            # No call to keep it alive: Ray Data may stop this actor at any moment, so no lease.
+            room = free_slots if self._open_calls else 0
             try:
                 coordinator = self._handle()
                 if now - last_heartbeat > _HEARTBEAT_S:
@@ -166,7 +164,6 @@ class RebalanceClient:
                     last_heartbeat = now
                 # Ask even with no room while a call is open: it marks this actor active, so the
                 # pool saves it a fair share of other owners' rows for when room frees up.
-                free_slots = max(0, max_num_seqs - num_running)
                 reply = (await coordinator.lease.remote(self.worker_id, room, num_running, free_slots)
                          if self._open_calls else LeaseReply())
             except Exception as err:

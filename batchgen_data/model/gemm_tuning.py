@@ -10,10 +10,10 @@ NOTE: the measurement. For each row bucket (1, 2-3, 4-7, ... rows) and each kern
 the kernel over the model's weights of every shape that bucket concerns, timing the calls. With
 few rows a GEMM is bound by reading its weight from memory, so the pass streams 64 MiB of each
 shape's weights as a decode step does (a hot-cache microbenchmark of one weight can favour a
-kernel that is slower in place); with many rows it is compute bound and one weight per shape suffices. The best of
-three passes counts, and each call's output is made row-major as its consumers need. The plan is
-cached per machine, torch version, thread count and shape set, so a process tunes once (~2-4 s
-for a 200 M-parameter model) and later ones load it.
+kernel that is slower in place); with many rows it is compute bound and one weight per shape
+suffices. The best of three passes counts, and each call's output is made row-major as its
+consumers need. The plan is cached per machine, torch version, thread count and shape set, so a
+process tunes once (~2-4 s for a 200 M-parameter model) and later ones load it.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def tune(weights: dict[Shape, list[torch.Tensor]], max_rows: dict[Shape, int],
         best: dict[Shape, dict[str, float]] = {s: {} for s in shapes}
         streamed = {s: weights[s][: _num_streamed(weights[s]) if rows <= _MEMORY_BOUND_ROWS else 1] for s in shapes}
         inputs = {s: torch.randn(rows, s[1], dtype=weights[s][0].dtype) for s in shapes}
-        for name, kernel in kernels.items():
+        for kernel in kernels.values():
             for shape in shapes:
                 kernel(inputs[shape], weights[shape][0])  # warm-up: allocator, oneDNN primitive cache
         for _ in range(_PASSES):
