@@ -179,7 +179,7 @@ class Engine:
                     "t": self._now(),
                     "step_s": elapsed,
                     "num_running": len(self.scheduler.running),
-                    "num_waiting": len(self.scheduler.waiting) + len(self.scheduler.suspended),
+                    "num_waiting": len(self.scheduler.waiting) + len(self.scheduler.suspended),  # queued: waiting or suspended
                     "num_tokens": out.num_tokens,
                     "num_sampled": len(tokens),
                     "tokens_per_expert_call": self.runner.stats.last_tokens_per_expert_call,
