@@ -183,6 +183,7 @@ class Engine:
                     "num_tokens": out.num_tokens,
                     "num_sampled": len(tokens),
                     "tokens_per_expert_call": self.runner.stats.last_tokens_per_expert_call,
+                    **{f"{name}_s": seconds for name, seconds in self.runner.stats.last_module_s.items()},
                     "kv_blocks_used": self.blocks.num_used,
                 }
             )

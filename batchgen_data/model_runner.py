@@ -42,7 +42,11 @@ class RunnerStats:
     expert_calls: int = 0  # (layer, expert) GEMM pairs run
     expert_tokens: int = 0  # routed token rows over those calls
     last_tokens_per_expert_call: float = 0.0
-    per_step: list = field(default_factory=list)
+    # The last step's wall seconds per module group ("attention": norms, projections and
+    # attention cores; "moe": routers, experts and dense FFNs; "logits": final norm, lm_head and
+    # sampling). On CUDA, asynchronous kernels blur the split: each group's host syncs absorb the
+    # device time queued before them.
+    last_module_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def mean_tokens_per_expert_call(self) -> float:
@@ -60,6 +64,7 @@ class ModelRunner:
 
     def execute(self, out: SchedulerOutput) -> list[int]:
         """Run the forward and return one sampled token per sampling sequence, in batch order."""
+        self.stats.last_module_s.update(attention=0.0, moe=0.0, logits=0.0)
         for seq, block_ids in out.swap_out:
             seq.host_kv = self.read_kv(block_ids, seq.num_computed_tokens)
         for seq in out.swap_in:
@@ -84,12 +89,15 @@ class ModelRunner:
         ids = torch.tensor(input_ids, dtype=torch.long, device=device)
         t0 = time.perf_counter()
         hidden = self._forward(ids, micro_batches)
+        t_logits = time.perf_counter()
         tokens: list[int] = []
         if last_rows:
             logits = self.model.compute_logits(hidden[torch.tensor(last_rows, device=device)])
             sampling = [s for s, smp in zip(out.seqs, out.samples) if smp]
             tokens = sample(logits, _sampling_batch(sampling)).tolist()
-        self.stats.kernel_s += time.perf_counter() - t0
+        t_end = time.perf_counter()
+        self.stats.last_module_s["logits"] = t_end - t_logits
+        self.stats.kernel_s += t_end - t0
         self.stats.num_forwards += 1
         self.stats.num_tokens += len(input_ids)
         return tokens
@@ -138,12 +146,18 @@ class ModelRunner:
         h = model.embed(ids)  # [T, H]
         batch = AttentionBatch.combine([meta for _, meta in micro_batches], model.rotary, model.dtype)
         calls = tokens = 0
+        attention_s = moe_s = 0.0
         for layer_id, layer in enumerate(model.layers):
+            t0 = time.perf_counter()
             h = layer.attention_block(h, batch, self.kv.k[layer_id], self.kv.v[layer_id])
+            t1 = time.perf_counter()
             h, counts = layer.ffn_block(h)
+            t2 = time.perf_counter()
+            attention_s, moe_s = attention_s + t1 - t0, moe_s + t2 - t1
             if counts is not None:
                 calls += int((counts > 0).sum())
                 tokens += int(counts.sum())
+        self.stats.last_module_s.update(attention=attention_s, moe=moe_s)
         self.stats.expert_calls += calls
         self.stats.expert_tokens += tokens
         self.stats.last_tokens_per_expert_call = tokens / calls if calls else 0.0

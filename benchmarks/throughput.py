@@ -160,6 +160,9 @@ def main(argv=None) -> dict:
         "steady_decode_fraction_of_roofline": ours["steady_decode_tokens_per_s"] / roofline_tps,
         "runtime_overhead": ours["runtime_overhead"],
         "mean_tokens_per_expert_call": ours["mean_tokens_per_expert_call"],
+        # What the target leaves against what the MoE blocks and the lm_head took in this run.
+        "three_x_completion_s": ours["num_output_tokens"] / (3 * best.tokens_per_s),
+        "moe_and_logits_s": sum(p["moe_s"] + p["logits_s"] for p in ours["phases"]),
     }
     _print_table(results, summary)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -179,6 +182,8 @@ def main(argv=None) -> dict:
 
 # Decode phases by running-set size: where the wall time of a skewed batch goes.
 _DECODE_PHASES = ((128, None), (8, 128), (1, 8))
+# Module groups the engine times per step (``RunnerStats.last_module_s``).
+_MODULE_GROUPS = ("attention", "moe", "logits")
 
 
 def _phase_summary(timeline: list[dict]) -> list[dict]:
@@ -186,8 +191,10 @@ def _phase_summary(timeline: list[dict]) -> list[dict]:
     def row(name: str, steps: list[dict]) -> dict:
         seconds = sum(s["step_s"] for s in steps)
         sampled = sum(s["num_sampled"] for s in steps)
+        modules = {f"{m}_s": sum(s.get(f"{m}_s", 0.0) for s in steps) for m in _MODULE_GROUPS}
         return {"phase": name, "steps": len(steps), "seconds": seconds, "forward_tokens": sum(s["num_tokens"] for s in steps),
-                "tokens_per_s": sampled / seconds if seconds else 0.0}
+                "tokens_per_s": sampled / seconds if seconds else 0.0, **modules,
+                "other_s": seconds - sum(modules.values())}
 
     decode = [s for s in timeline if s["num_tokens"] == s["num_sampled"]]
     rows = [row("steps with prefill chunks", [s for s in timeline if s["num_tokens"] > s["num_sampled"]])]
@@ -211,10 +218,13 @@ def _print_table(results: dict, summary: dict) -> None:
           f"the best of {len(summary['matmul_gflops_by_kernel'])} kernel/shape rates)")
     print(f"mean tokens per expert call: {summary['mean_tokens_per_expert_call']:.1f}")
     print(f"runtime overhead (outside model modules): {100 * summary['runtime_overhead']:.1f}%")
-    print("batchgen-data phases:")
+    print("batchgen-data phases (seconds: all, then attention / MoE / lm_head+sampling / the rest):")
     for p in results["batchgen-data"]["phases"]:
-        print(f"  {p['phase']:<28}{p['steps']:>6} steps{p['seconds']:>8.1f} s{p['forward_tokens']:>8} forward tokens"
-              f"{p['tokens_per_s']:>8.0f} output tok/s")
+        print(f"  {p['phase']:<28}{p['steps']:>6} steps{p['seconds']:>8.1f} s ="
+              f"{p['attention_s']:>6.1f}{p['moe_s']:>6.1f}{p['logits_s']:>6.1f}{p['other_s']:>6.1f}"
+              f"{p['forward_tokens']:>8} forward tokens{p['tokens_per_s']:>8.0f} output tok/s")
+    print(f"MoE blocks and lm_head+sampling alone: {summary['moe_and_logits_s']:.1f} s; 3x the best baseline "
+          f"needs a completion of {summary['three_x_completion_s']:.1f} s")
 
 
 def _plot(results: dict, path: Path) -> None:

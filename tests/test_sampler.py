@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from batchgen_data.sampler import SamplingBatch, counter_uniform, sample
+from batchgen_data.sampler import SamplingBatch, counter_uniform, first_argmax, sample
 
 
 def _batch(n, temperature=1.0, top_p=1.0, top_k=0, seeds=None, steps=None):
@@ -22,6 +22,18 @@ def test_counter_uniform_is_deterministic_and_uniform():
 def test_greedy_rows_take_argmax():
     logits = torch.tensor([[0.1, 3.0, 0.2], [5.0, 1.0, 0.0]])
     assert sample(logits, _batch(2, temperature=0.0)).tolist() == [1, 0]
+
+
+def test_greedy_ties_take_the_first_maximum_as_argmax_does():
+    vocab = 32000
+    logits = torch.randn(64, vocab)
+    logits[:, 20000] = 50.0
+    logits[:, 7 * torch.arange(64) + 3] = 50.0  # an earlier tie in every row, at a different index
+    logits[5, 40] = float("nan")  # NaN wins, as in argmax
+    expected = logits.argmax(dim=-1)
+    assert expected[5] == 40 and expected[0] == 3
+    assert torch.equal(first_argmax(logits), expected)
+    assert torch.equal(sample(logits, _batch(64, temperature=0.0)), expected)
 
 
 def test_sampling_follows_the_distribution_and_filters():
