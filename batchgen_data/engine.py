@@ -10,7 +10,7 @@ import os
 import random
 import time
 from collections.abc import Iterator, Sequence as SequenceABC
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -184,6 +184,7 @@ class Engine:
                     "num_sampled": len(tokens),
                     "tokens_per_expert_call": self.runner.stats.last_tokens_per_expert_call,
                     **{f"{name}_s": seconds for name, seconds in self.runner.stats.last_module_s.items()},
+                    **asdict(self.runner.stats.last_work),
                     "kv_blocks_used": self.blocks.num_used,
                 }
             )

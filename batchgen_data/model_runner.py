@@ -33,6 +33,15 @@ _MAX_PADDING = 1.5
 
 
 @dataclass(slots=True)
+class StepWork:
+    """What one forward computed, for roofline accounting (``benchmarks/roofline.py``)."""
+
+    expert_calls: int = 0  # (layer, expert) pairs that ran on at least one token
+    context_tokens: int = 0  # KV entries each layer's attention reads (every sequence's context)
+    attended_keys: int = 0  # (query, key) pairs each layer scores: full causal, windows not subtracted
+
+
+@dataclass(slots=True)
 class RunnerStats:
     """Cumulative counters; ``kernel_s`` is time inside model modules and the sampler."""
 
@@ -47,6 +56,7 @@ class RunnerStats:
     # sampling). On CUDA, asynchronous kernels blur the split: each group's host syncs absorb the
     # device time queued before them.
     last_module_s: dict[str, float] = field(default_factory=dict)
+    last_work: StepWork = field(default_factory=StepWork)
 
     @property
     def mean_tokens_per_expert_call(self) -> float:
@@ -65,6 +75,7 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> list[int]:
         """Run the forward and return one sampled token per sampling sequence, in batch order."""
         self.stats.last_module_s.update(attention=0.0, moe=0.0, logits=0.0)
+        self.stats.last_work = work = StepWork()
         for seq, block_ids in out.swap_out:
             seq.host_kv = self.read_kv(block_ids, seq.num_computed_tokens)
         for seq in out.swap_in:
@@ -82,6 +93,8 @@ class ModelRunner:
                 if out.samples[i]:
                     sample_rows.append((i, len(input_ids) - 1))
             ctx = [s.num_computed_tokens + q for s, q in zip(seqs, qlens)]
+            work.context_tokens += sum(ctx)
+            work.attended_keys += sum(q * (c - q) + q * (q + 1) // 2 for q, c in zip(qlens, ctx))
             meta = build_attention_metadata(qlens, ctx, [s.block_ids for s in seqs], self.block_size, device)
             micro_batches.append((sum(qlens), meta))
         self._attach_gather_buffers([meta for _, meta in micro_batches])
@@ -158,6 +171,7 @@ class ModelRunner:
                 calls += int((counts > 0).sum())
                 tokens += int(counts.sum())
         self.stats.last_module_s.update(attention=attention_s, moe=moe_s)
+        self.stats.last_work.expert_calls = calls
         self.stats.expert_calls += calls
         self.stats.expert_tokens += tokens
         self.stats.last_tokens_per_expert_call = tokens / calls if calls else 0.0

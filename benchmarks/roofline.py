@@ -1,9 +1,12 @@
-"""The compute roofline: model FLOPs per token over the matmul rate measured on this machine.
+"""The roofline: model FLOPs over the matmul rate, and bytes over the memory bandwidth, measured on this machine.
 
 The rate is the best sustained GFLOP/s of any GEMM kernel the engine may call (``F.linear``,
 the weight-left ``w @ x.T`` and, on CPU, oneDNN's linear) on the experts' two shapes at a
 large row count, so the roofline is the machine's ceiling, not the ceiling of the kernel the
-engine happened to pick.
+engine happened to pick. The bandwidth is the rate of one full read of a buffer far larger than
+the caches. ``step_floor_seconds`` bounds one engine step by both: no kernel can finish the
+step's matmuls faster than the rate allows, nor read the weights and KV it touches faster than
+the bandwidth allows.
 """
 
 from __future__ import annotations
@@ -59,6 +62,45 @@ def decode_flops_per_token(config: ModelConfig, context_len: int) -> float:
     weights = 2.0 * config.active_params_per_token
     attention = 4.0 * config.num_hidden_layers * config.num_attention_heads * config.head_dim * context_len
     return weights + attention
+
+
+def measure_memory_bandwidth(nbytes: int = 2**30, device="cpu", repeats: int = 3) -> float:
+    """GB/s of reading an ``nbytes`` fp32 buffer once (a sum over it), the best of ``repeats``."""
+    buf = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first pass faults the pages in
+        _sync(device)
+        start = time.perf_counter()
+        buf.sum().item()
+        best = min(best, time.perf_counter() - start)
+    return nbytes / best / 1e9
+
+
+def step_floor_seconds(step: dict, config: ModelConfig, gflops: float, bandwidth_gbs: float,
+                       dtype_bytes: int = 4) -> float:
+    """The least time one engine step can take on this machine: its matmul FLOPs at ``gflops``
+    or the weights and KV it reads at ``bandwidth_gbs``, whichever is longer.
+
+    ``step`` is an engine timeline entry (``num_tokens``, ``num_sampled``, ``expert_calls``,
+    ``context_tokens``, ``attended_keys``). Every forward reads each layer's attention and router
+    weights, the weights of every (layer, expert) pair that ran, and the lm_head when it samples;
+    each layer's attention reads every sequence's KV once.
+    """
+    h, ffn, layers = config.hidden_size, config.moe_intermediate_size, config.num_hidden_layers
+    attention_params = h * config.head_dim * (2 * config.num_attention_heads + 2 * config.num_key_value_heads)
+    dense_params = (config.active_params_per_token - config.vocab_size * h) - layers * attention_params
+    flops = 2.0 * step["num_tokens"] * (layers * attention_params + dense_params)
+    flops += 2.0 * step["num_sampled"] * config.vocab_size * h
+    flops += 4.0 * layers * config.num_attention_heads * config.head_dim * step["attended_keys"]
+    # dense_params counts K experts per token; the bytes count each expert that ran once.
+    shared = sum(3 * h * config.shared_expert_intermediate_size for i in range(layers) if config.is_sparse_layer(i))
+    dense = sum(3 * h * config.intermediate_size for i in range(layers) if not config.is_sparse_layer(i))
+    router = sum(config.num_experts * h for i in range(layers) if config.is_sparse_layer(i))
+    weights = layers * attention_params + router + shared + dense + step["expert_calls"] * 3 * h * ffn
+    weights += config.vocab_size * h if step["num_sampled"] else 0
+    kv = 2 * layers * config.num_key_value_heads * config.head_dim * step["context_tokens"]
+    nbytes = dtype_bytes * (weights + kv)
+    return max(flops / (gflops * 1e9), nbytes / (bandwidth_gbs * 1e9))
 
 
 def _sync(device) -> None:

@@ -27,7 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from batchgen_data import Engine, EngineConfig, SamplingParams  # noqa: E402
 from batchgen_data.model import ModelConfig  # noqa: E402
 from benchmarks.hf_baselines import BaselineResult, run_continuous, run_static  # noqa: E402
-from benchmarks.roofline import decode_flops_per_token, measure_matmul_rates  # noqa: E402
+from benchmarks.roofline import (  # noqa: E402
+    decode_flops_per_token,
+    measure_matmul_rates,
+    measure_memory_bandwidth,
+    step_floor_seconds,
+)
 from benchmarks.workload import build_bench_model, make_workload, percentile  # noqa: E402
 
 
@@ -61,7 +66,6 @@ def run_batchgen(folder: Path, workload, args) -> dict:
         if s["num_tokens"] == s["num_sampled"] and s["num_sampled"] >= config.refill_threshold * config.max_num_seqs
     ]
     steady_tps = sum(s["num_sampled"] for s in steady) / sum(s["step_s"] for s in steady) if steady else 0.0
-    phases = _phase_summary(engine.timeline)
     busy = stats.busy_s - base.busy_s
     kernel = stats.kernel_s - base.kernel_s
     return {
@@ -74,7 +78,6 @@ def run_batchgen(folder: Path, workload, args) -> dict:
         "mean_steady_batch": statistics.mean(s["num_sampled"] for s in steady) if steady else 0,
         "mean_tokens_per_expert_call": (stats.mean_tokens_per_expert_call),
         "runtime_overhead": 1.0 - kernel / busy if busy else 0.0,
-        "phases": phases,
         "outputs": [o.token_ids for o in outputs],
         "timeline": timeline,
         "engine_timeline": engine.timeline,
@@ -150,12 +153,18 @@ def main(argv=None) -> dict:
     gflops = max(rates.values())  # the best kernel on the experts' shapes: the machine's ceiling
     mean_ctx = statistics.mean(len(p) for p in workload.prompts) + statistics.mean(lens) / 2
     roofline_tps = gflops * 1e9 / decode_flops_per_token(mcfg, int(mean_ctx))
+    bandwidth = measure_memory_bandwidth(device=args.device)
+    for step in ours["engine_timeline"]:
+        step["floor_s"] = step_floor_seconds(step, mcfg, gflops, bandwidth)
+    ours["phases"] = _phase_summary(ours["engine_timeline"])
+    floor_s = sum(step["floor_s"] for step in ours["engine_timeline"])
     best = max(baselines, key=lambda b: b.tokens_per_s)
     summary = {
         "speedup_vs_best_baseline": ours["tokens_per_s"] / best.tokens_per_s,
         "best_baseline": best.name,
         "matmul_gflops": gflops,
         "matmul_gflops_by_kernel": rates,
+        "memory_bandwidth_gbs": bandwidth,
         "roofline_tokens_per_s": roofline_tps,
         "steady_decode_fraction_of_roofline": ours["steady_decode_tokens_per_s"] / roofline_tps,
         "runtime_overhead": ours["runtime_overhead"],
@@ -163,6 +172,11 @@ def main(argv=None) -> dict:
         # What the target leaves against what the MoE blocks and the lm_head took in this run.
         "three_x_completion_s": ours["num_output_tokens"] / (3 * best.tokens_per_s),
         "moe_and_logits_s": sum(p["moe_s"] + p["logits_s"] for p in ours["phases"]),
+        # This run's steps, each at the machine's roofline (FLOPs at the peak rate or bytes at
+        # the bandwidth), and the share of that roofline the whole run must reach for 3x.
+        "roofline_completion_s": floor_s,
+        "three_x_needs_fraction_of_roofline": floor_s / (ours["num_output_tokens"] / (3 * best.tokens_per_s)),
+        "run_fraction_of_roofline": floor_s / ours["wall_s"],
     }
     _print_table(results, summary)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -194,7 +208,7 @@ def _phase_summary(timeline: list[dict]) -> list[dict]:
         modules = {f"{m}_s": sum(s.get(f"{m}_s", 0.0) for s in steps) for m in _MODULE_GROUPS}
         return {"phase": name, "steps": len(steps), "seconds": seconds, "forward_tokens": sum(s["num_tokens"] for s in steps),
                 "tokens_per_s": sampled / seconds if seconds else 0.0, **modules,
-                "other_s": seconds - sum(modules.values())}
+                "other_s": seconds - sum(modules.values()), "roofline_s": sum(s.get("floor_s", 0.0) for s in steps)}
 
     decode = [s for s in timeline if s["num_tokens"] == s["num_sampled"]]
     rows = [row("steps with prefill chunks", [s for s in timeline if s["num_tokens"] > s["num_sampled"]])]
@@ -218,13 +232,18 @@ def _print_table(results: dict, summary: dict) -> None:
           f"the best of {len(summary['matmul_gflops_by_kernel'])} kernel/shape rates)")
     print(f"mean tokens per expert call: {summary['mean_tokens_per_expert_call']:.1f}")
     print(f"runtime overhead (outside model modules): {100 * summary['runtime_overhead']:.1f}%")
-    print("batchgen-data phases (seconds: all, then attention / MoE / lm_head+sampling / the rest):")
+    print("batchgen-data phases (seconds: all = attention + MoE + lm_head/sampling + the rest; the same steps at the roofline):")
     for p in results["batchgen-data"]["phases"]:
         print(f"  {p['phase']:<28}{p['steps']:>6} steps{p['seconds']:>8.1f} s ="
               f"{p['attention_s']:>6.1f}{p['moe_s']:>6.1f}{p['logits_s']:>6.1f}{p['other_s']:>6.1f}"
-              f"{p['forward_tokens']:>8} forward tokens{p['tokens_per_s']:>8.0f} output tok/s")
+              f"{p['roofline_s']:>8.1f} s at roofline{p['forward_tokens']:>8} forward tokens"
+              f"{p['tokens_per_s']:>8.0f} output tok/s")
     print(f"MoE blocks and lm_head+sampling alone: {summary['moe_and_logits_s']:.1f} s; 3x the best baseline "
           f"needs a completion of {summary['three_x_completion_s']:.1f} s")
+    print(f"these steps at the roofline ({summary['matmul_gflops']:.0f} GFLOP/s, "
+          f"{summary['memory_bandwidth_gbs']:.1f} GB/s): {summary['roofline_completion_s']:.1f} s; the run reached "
+          f"{100 * summary['run_fraction_of_roofline']:.0f}% of it, 3x needs "
+          f"{100 * summary['three_x_needs_fraction_of_roofline']:.0f}%")
 
 
 def _plot(results: dict, path: Path) -> None:
