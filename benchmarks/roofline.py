@@ -64,6 +64,40 @@ def decode_flops_per_token(config: ModelConfig, context_len: int) -> float:
     return weights + attention
 
 
+def measure_streamed_gemm(kernel: Kernel, rows: int, in_features: int, out_features: int,
+                          stream_bytes: int = 256 * 2**20, repeats: int = 3) -> tuple[float, float]:
+    """(GFLOP/s, weight GB/s) of ``kernel`` over distinct weights totalling ``stream_bytes``, as a
+    decode step meets them: each weight read from memory once, not from a warm cache."""
+    count = max(1, stream_bytes // (4 * in_features * out_features))
+    weights = [torch.randn(out_features, in_features) for _ in range(count)]
+    x = torch.randn(rows, in_features)
+    best = float("inf")
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        for w in weights:
+            kernel(x, w).contiguous()
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * rows * in_features * out_features * count / best / 1e9, 4.0 * in_features * out_features * count / best / 1e9
+
+
+def main() -> None:
+    """Print the streamed rate of every CPU kernel on the benchmark MoE's gate/up shape, by rows."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--hidden", type=int, default=768)
+    parser.add_argument("--ffn", type=int, default=2048)
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 64, 512])
+    args = parser.parse_args()
+    print(f"memory bandwidth (one read of 1 GiB): {measure_memory_bandwidth():.1f} GB/s")
+    print(f"gate/up weights [{2 * args.ffn}, {args.hidden}], 256 MiB of them streamed; GFLOP/s and weight GB/s:")
+    kernels = _kernels("cpu")
+    print(f"{'rows':>6}" + "".join(f"{name:>26}" for name in kernels))
+    for rows in args.rows:
+        rates = [measure_streamed_gemm(k, rows, args.hidden, 2 * args.ffn) for k in kernels.values()]
+        print(f"{rows:>6}" + "".join(f"{gf:>14.0f} GF {gb:>5.1f} GB/s" for gf, gb in rates))
+
+
 def measure_memory_bandwidth(nbytes: int = 2**30, device="cpu", repeats: int = 3) -> float:
     """GB/s of reading an ``nbytes`` fp32 buffer once (a sum over it), the best of ``repeats``."""
     buf = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
@@ -106,3 +140,7 @@ def step_floor_seconds(step: dict, config: ModelConfig, gflops: float, bandwidth
 def _sync(device) -> None:
     if str(device).startswith("cuda"):
         torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
