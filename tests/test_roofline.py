@@ -21,7 +21,8 @@ def test_floor_reads_every_weight_once_when_every_expert_runs(arch):
     embedding table: the parameter count the config reports independently."""
     config = _config(arch)
     sparse = sum(config.is_sparse_layer(i) for i in range(config.num_hidden_layers))
-    step = dict(num_tokens=1, num_sampled=1, expert_calls=config.num_experts * sparse, context_tokens=0, attended_keys=0)
+    step = {"num_tokens": 1, "num_sampled": 1, "expert_calls": config.num_experts * sparse,
+            "context_tokens": 0, "attended_keys": 0}
     embedding = config.vocab_size * config.hidden_size
     lm_head_is_embedding = config.tie_word_embeddings
     weights = config.num_params - (0 if lm_head_is_embedding else embedding)
@@ -33,7 +34,7 @@ def test_floor_reads_every_weight_once_when_every_expert_runs(arch):
 def test_floor_counts_two_flops_per_active_parameter_and_the_attention_scores(arch):
     config = _config(arch)
     tokens, keys = 300, 5000
-    step = dict(num_tokens=tokens, num_sampled=tokens, expert_calls=0, context_tokens=0, attended_keys=keys)
+    step = {"num_tokens": tokens, "num_sampled": tokens, "expert_calls": 0, "context_tokens": 0, "attended_keys": keys}
     attention = 4 * config.num_hidden_layers * config.num_attention_heads * config.head_dim * keys
     expected = 2 * tokens * config.active_params_per_token + attention
     # At 1 GFLOP/s and unbounded bandwidth the floor is the FLOPs, in nanoseconds.
@@ -42,7 +43,7 @@ def test_floor_counts_two_flops_per_active_parameter_and_the_attention_scores(ar
 
 def test_floor_adds_the_kv_each_layer_reads():
     config = _config("mixtral")
-    base = dict(num_tokens=1, num_sampled=0, expert_calls=0, context_tokens=0, attended_keys=0)
+    base = {"num_tokens": 1, "num_sampled": 0, "expert_calls": 0, "context_tokens": 0, "attended_keys": 0}
     more = {**base, "context_tokens": 1000}
     extra = step_floor_seconds(more, config, 1e12, 1.0) - step_floor_seconds(base, config, 1e12, 1.0)
     per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
