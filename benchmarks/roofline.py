@@ -80,24 +80,6 @@ def measure_streamed_gemm(kernel: Kernel, rows: int, in_features: int, out_featu
     return 2.0 * rows * in_features * out_features * count / best / 1e9, 4.0 * in_features * out_features * count / best / 1e9
 
 
-def main() -> None:
-    """Print the streamed rate of every CPU kernel on the benchmark MoE's gate/up shape, by rows."""
-    import argparse
-
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("--hidden", type=int, default=768)
-    parser.add_argument("--ffn", type=int, default=2048)
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 64, 512])
-    args = parser.parse_args()
-    print(f"memory bandwidth (one read of 1 GiB): {measure_memory_bandwidth():.1f} GB/s")
-    print(f"gate/up weights [{2 * args.ffn}, {args.hidden}], 256 MiB of them streamed; GFLOP/s and weight GB/s:")
-    kernels = _kernels("cpu")
-    print(f"{'rows':>6}" + "".join(f"{name:>26}" for name in kernels))
-    for rows in args.rows:
-        rates = [measure_streamed_gemm(k, rows, args.hidden, 2 * args.ffn) for k in kernels.values()]
-        print(f"{rows:>6}" + "".join(f"{gf:>14.0f} GF {gb:>5.1f} GB/s" for gf, gb in rates))
-
-
 def measure_memory_bandwidth(nbytes: int = 2**30, device="cpu", repeats: int = 3) -> float:
     """GB/s of reading an ``nbytes`` fp32 buffer once (a sum over it), the best of ``repeats``."""
     buf = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
@@ -122,11 +104,13 @@ def step_floor_seconds(step: dict, config: ModelConfig, gflops: float, bandwidth
     """
     h, ffn, layers = config.hidden_size, config.moe_intermediate_size, config.num_hidden_layers
     attention_params = h * config.head_dim * (2 * config.num_attention_heads + 2 * config.num_key_value_heads)
-    dense_params = (config.active_params_per_token - config.vocab_size * h) - layers * attention_params
-    flops = 2.0 * step["num_tokens"] * (layers * attention_params + dense_params)
+    # Per token: every layer's attention projections, and the FFN weights it meets (router, its
+    # top-k experts, shared expert or dense MLP), i.e. the active parameters but the lm_head.
+    ffn_active_params = config.active_params_per_token - config.vocab_size * h - layers * attention_params
+    flops = 2.0 * step["num_tokens"] * (layers * attention_params + ffn_active_params)
     flops += 2.0 * step["num_sampled"] * config.vocab_size * h
     flops += 4.0 * layers * config.num_attention_heads * config.head_dim * step["attended_keys"]
-    # dense_params counts K experts per token; the bytes count each expert that ran once.
+    # The FLOPs count top-k experts per token; the bytes count each expert that ran, once.
     shared = sum(3 * h * config.shared_expert_intermediate_size for i in range(layers) if config.is_sparse_layer(i))
     dense = sum(3 * h * config.intermediate_size for i in range(layers) if not config.is_sparse_layer(i))
     router = sum(config.num_experts * h for i in range(layers) if config.is_sparse_layer(i))
@@ -140,6 +124,24 @@ def step_floor_seconds(step: dict, config: ModelConfig, gflops: float, bandwidth
 def _sync(device) -> None:
     if str(device).startswith("cuda"):
         torch.cuda.synchronize()
+
+
+def main() -> None:
+    """Print the streamed rate of every CPU kernel on the benchmark MoE's gate/up shape, by rows."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--hidden", type=int, default=768)
+    parser.add_argument("--ffn", type=int, default=2048)
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 64, 512])
+    args = parser.parse_args()
+    print(f"memory bandwidth (one read of 1 GiB): {measure_memory_bandwidth():.1f} GB/s")
+    print(f"gate/up weights [{2 * args.ffn}, {args.hidden}], 256 MiB of them streamed; GFLOP/s and weight GB/s:")
+    kernels = _kernels("cpu")
+    print(f"{'rows':>6}" + "".join(f"{name:>26}" for name in kernels))
+    for rows in args.rows:
+        rates = [measure_streamed_gemm(k, rows, args.hidden, 2 * args.ffn) for k in kernels.values()]
+        print(f"{rows:>6}" + "".join(f"{gf:>14.0f} GF {gb:>5.1f} GB/s" for gf, gb in rates))
 
 
 if __name__ == "__main__":
