@@ -16,7 +16,7 @@ import time
 import torch
 
 from batchgen_data.model import ModelConfig
-from batchgen_data.model.gemm_tuning import Kernel, available_kernels
+from batchgen_data.model.gemm_tuning import Kernel, available_kernels, time_pass
 
 # The engine's CPU kernels (batchgen_data.model.gemm_tuning), under the names the JSON reports.
 _KERNEL_NAMES = {"linear": "F.linear", "weight_left": "weight-left mm", "onednn": "oneDNN linear"}
@@ -71,13 +71,9 @@ def measure_streamed_gemm(kernel: Kernel, rows: int, in_features: int, out_featu
     count = max(1, stream_bytes // (4 * in_features * out_features))
     weights = [torch.randn(out_features, in_features) for _ in range(count)]
     x = torch.randn(rows, in_features)
-    best = float("inf")
-    for _ in range(repeats + 1):
-        start = time.perf_counter()
-        for w in weights:
-            kernel(x, w).contiguous()
-        best = min(best, time.perf_counter() - start)
-    return 2.0 * rows * in_features * out_features * count / best / 1e9, 4.0 * in_features * out_features * count / best / 1e9
+    time_pass(kernel, x, weights)  # warm-up
+    per_call = min(time_pass(kernel, x, weights) for _ in range(repeats))
+    return 2.0 * rows * in_features * out_features / per_call / 1e9, 4.0 * in_features * out_features / per_call / 1e9
 
 
 def measure_memory_bandwidth(nbytes: int = 2**30, device="cpu", repeats: int = 3) -> float:
@@ -102,20 +98,17 @@ def step_floor_seconds(step: dict, config: ModelConfig, gflops: float, bandwidth
     weights, the weights of every (layer, expert) pair that ran, and the lm_head when it samples;
     each layer's attention reads every sequence's KV once.
     """
-    h, ffn, layers = config.hidden_size, config.moe_intermediate_size, config.num_hidden_layers
-    attention_params = h * config.head_dim * (2 * config.num_attention_heads + 2 * config.num_key_value_heads)
-    # Per token: every layer's attention projections, and the FFN weights it meets (router, its
-    # top-k experts, shared expert or dense MLP), i.e. the active parameters but the lm_head.
-    ffn_active_params = config.active_params_per_token - config.vocab_size * h - layers * attention_params
-    flops = 2.0 * step["num_tokens"] * (layers * attention_params + ffn_active_params)
-    flops += 2.0 * step["num_sampled"] * config.vocab_size * h
+    h, ffn, vocab = config.hidden_size, config.moe_intermediate_size, config.vocab_size
+    layers = config.num_hidden_layers
+    flops = 2.0 * step["num_tokens"] * (config.active_params_per_token - vocab * h)  # all but the lm_head
+    flops += 2.0 * step["num_sampled"] * vocab * h
     flops += 4.0 * layers * config.num_attention_heads * config.head_dim * step["attended_keys"]
-    # The FLOPs count top-k experts per token; the bytes count each expert that ran, once.
-    shared = sum(3 * h * config.shared_expert_intermediate_size for i in range(layers) if config.is_sparse_layer(i))
-    dense = sum(3 * h * config.intermediate_size for i in range(layers) if not config.is_sparse_layer(i))
-    router = sum(config.num_experts * h for i in range(layers) if config.is_sparse_layer(i))
-    weights = layers * attention_params + router + shared + dense + step["expert_calls"] * 3 * h * ffn
-    weights += config.vocab_size * h if step["num_sampled"] else 0
+    # Bytes: every weight but the embedding table(s) and the routed experts, read each forward;
+    # each expert that ran, once (the FLOPs count top-k experts per token); the lm_head to sample.
+    num_sparse = sum(config.is_sparse_layer(i) for i in range(layers))
+    tables = vocab * h * (1 if config.tie_word_embeddings else 2)
+    weights = config.num_params - tables - num_sparse * config.num_experts * 3 * h * ffn
+    weights += step["expert_calls"] * 3 * h * ffn + (vocab * h if step["num_sampled"] else 0)
     kv = 2 * layers * config.num_key_value_heads * config.head_dim * step["context_tokens"]
     nbytes = dtype_bytes * (weights + kv)
     return max(flops / (gflops * 1e9), nbytes / (bandwidth_gbs * 1e9))

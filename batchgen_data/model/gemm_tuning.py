@@ -90,7 +90,7 @@ class GemmPlan:
 Timer = Callable[[Kernel, torch.Tensor, list[torch.Tensor]], float]
 
 
-def _time_pass(kernel: Kernel, x: torch.Tensor, weights: list[torch.Tensor]) -> float:
+def time_pass(kernel: Kernel, x: torch.Tensor, weights: list[torch.Tensor]) -> float:
     """Seconds per call of ``kernel(x, w)`` over the weights, in turn, with the output made
     row-major as its consumers need it (weight-left returns a transposed view)."""
     start = time.perf_counter()
@@ -100,7 +100,7 @@ def _time_pass(kernel: Kernel, x: torch.Tensor, weights: list[torch.Tensor]) -> 
 
 
 def tune(weights: dict[Shape, list[torch.Tensor]], max_rows: dict[Shape, int],
-         kernels: dict[str, Kernel] | None = None, timer: Timer = _time_pass) -> GemmPlan:
+         kernels: dict[str, Kernel] | None = None, timer: Timer = time_pass) -> GemmPlan:
     """The fastest kernel per shape and row bucket up to ``max_rows[shape]``."""
     kernels = kernels or available_kernels()
     plan = GemmPlan()
