@@ -80,25 +80,22 @@ class ModelConfig:
     @property
     def num_params(self) -> int:
         """Parameter count (all experts), for reporting."""
-        h, d = self.hidden_size, self.head_dim
-        attn = h * d * (2 * self.num_attention_heads + 2 * self.num_key_value_heads)
-        moe = self.num_experts * 3 * h * self.moe_intermediate_size + self.num_experts * h
-        moe += 3 * h * self.shared_expert_intermediate_size
-        dense = 3 * h * self.intermediate_size
-        layers = sum(attn + (moe if self.is_sparse_layer(i) else dense) for i in range(self.num_hidden_layers))
-        embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return layers + embed
+        embed = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+        return self._layer_params(self.num_experts) + embed
 
     @property
     def active_params_per_token(self) -> int:
         """Parameters touched per token (top-k experts only): the FLOPs basis (2 FLOPs each)."""
+        return self._layer_params(self.num_experts_per_tok) + self.vocab_size * self.hidden_size
+
+    def _layer_params(self, experts_per_layer: int) -> int:
+        """All layers' parameters, counting ``experts_per_layer`` routed experts in each sparse one."""
         h, d = self.hidden_size, self.head_dim
         attn = h * d * (2 * self.num_attention_heads + 2 * self.num_key_value_heads)
-        moe = self.num_experts_per_tok * 3 * h * self.moe_intermediate_size + self.num_experts * h
+        moe = experts_per_layer * 3 * h * self.moe_intermediate_size + self.num_experts * h
         moe += 3 * h * self.shared_expert_intermediate_size
         dense = 3 * h * self.intermediate_size
-        layers = sum(attn + (moe if self.is_sparse_layer(i) else dense) for i in range(self.num_hidden_layers))
-        return layers + self.vocab_size * h
+        return sum(attn + (moe if self.is_sparse_layer(i) else dense) for i in range(self.num_hidden_layers))
 
     @classmethod
     def from_pretrained(cls, folder: str | Path) -> "ModelConfig":
