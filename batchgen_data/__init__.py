@@ -1,31 +1,49 @@
-"""batchgen-data: batch inference for Mixture-of-Experts LLMs as a data-pipeline stage."""
+"""batchgen-data: batch inference for Mixture-of-Experts LLMs as a data-pipeline stage.
 
-from batchgen_data.config import EngineConfig
-from batchgen_data.engine import Engine, EngineStats
-from batchgen_data.errors import BatchGenError, CheckpointError, ConfigError, RequestError
-from batchgen_data.outputs import GenerationOutput
-from batchgen_data.sampling_params import SamplingParams
+The public API is re-exported here and loaded on first use, so importing the package (or its
+torch-free parts, such as the scheduler) stays cheap: the engine needs torch, the pipeline stages
+pyarrow.
+"""
 
-__all__ = [
-    "BatchGenError",
-    "BatchGenMap",
-    "BatchGenOperator",
-    "CheckpointError",
-    "ConfigError",
-    "Engine",
-    "EngineConfig",
-    "EngineStats",
-    "GenerationOutput",
-    "RequestError",
-    "SamplingParams",
-]
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING
+
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "BatchGenError": "batchgen_data.errors",
+    "CheckpointError": "batchgen_data.errors",
+    "ConfigError": "batchgen_data.errors",
+    "EngineDeadError": "batchgen_data.errors",
+    "RequestError": "batchgen_data.errors",
+    "EngineConfig": "batchgen_data.config",
+    "Engine": "batchgen_data.engine.engine",
+    "EngineStats": "batchgen_data.engine.engine",
+    "GenerationOutput": "batchgen_data.engine.outputs",
+    "SamplingParams": "batchgen_data.engine.sampling_params",
+    "BatchGenOperator": "batchgen_data.operators",
+    "BatchGenMap": "batchgen_data.operators",
+}
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from batchgen_data.config import EngineConfig
+    from batchgen_data.engine.engine import Engine, EngineStats
+    from batchgen_data.engine.outputs import GenerationOutput
+    from batchgen_data.engine.sampling_params import SamplingParams
+    from batchgen_data.errors import BatchGenError, CheckpointError, ConfigError, EngineDeadError, RequestError
+    from batchgen_data.operators import BatchGenMap, BatchGenOperator
 
 
 def __getattr__(name: str):
-    # The pipeline stages import pyarrow; load them only when asked for.
-    if name in ("BatchGenOperator", "BatchGenMap"):
-        from batchgen_data import operators
-
-        return getattr(operators, name)
+    if name in _EXPORTS:
+        value = getattr(import_module(_EXPORTS[name]), name)
+        globals()[name] = value  # later lookups skip this hook
+        return value
     raise AttributeError(f"module 'batchgen_data' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -19,3 +19,7 @@ class UnsupportedModelError(BatchGenError, NotImplementedError):
 
 class RequestError(BatchGenError, ValueError):
     """One request is invalid (empty prompt, bad token ids, prompt longer than the context...)."""
+
+
+class EngineDeadError(BatchGenError, RuntimeError):
+    """The engine failed (its thread or a rank process died); it cannot serve further requests."""

@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-
 from batchgen_data.operators.rows import OUTPUT_COLUMNS
 
 OUTPUT_SCHEMA = pa.schema(

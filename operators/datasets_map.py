@@ -13,10 +13,16 @@ from __future__ import annotations
 import os
 
 import torch
-
-from batchgen_data.engine import Engine
 from batchgen_data.operators.batch_format import to_columns, with_output_columns
-from batchgen_data.operators.rows import RowResult, StageConfig, check_errors, output_columns, prepare_rows
+from batchgen_data.operators.rows import (
+    RowResult,
+    StageConfig,
+    check_errors,
+    output_columns,
+    prepare_rows,
+)
+
+from batchgen_data.engine.engine import Engine
 
 # One engine per (model, engine config) per process, created on first use.
 _ENGINES: dict[tuple[int, str], Engine] = {}

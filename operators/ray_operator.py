@@ -14,10 +14,19 @@ from __future__ import annotations
 import logging
 import os
 
-from batchgen_data.async_engine import AsyncEngine, EngineDeadError, exit_for_restart
-from batchgen_data.engine import Engine
 from batchgen_data.operators.batch_format import to_columns, with_output_columns
-from batchgen_data.operators.rows import RowResult, StageConfig, check_errors, output_columns, prepare_rows
+from batchgen_data.operators.restart import exit_for_restart
+from batchgen_data.operators.rows import (
+    RowResult,
+    StageConfig,
+    check_errors,
+    output_columns,
+    prepare_rows,
+)
+
+from batchgen_data.engine.async_engine import AsyncEngine
+from batchgen_data.engine.engine import Engine
+from batchgen_data.errors import EngineDeadError
 
 logger = logging.getLogger(__name__)
 

@@ -41,11 +41,20 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 
-from batchgen_data.async_engine import AsyncEngine, EngineDeadError, exit_for_restart
-from batchgen_data.coordinator import NAMESPACE, LeasedItem, LeaseReply, coordinator_name, get_or_create_coordinator
-from batchgen_data.migration import MigratedOut
+from batchgen_data.operators.restart import exit_for_restart
 from batchgen_data.operators.rows import RowResult
-from batchgen_data.sampling_params import SamplingParams
+
+from batchgen_data.distributed.coordinator import (
+    NAMESPACE,
+    LeasedItem,
+    LeaseReply,
+    coordinator_name,
+    get_or_create_coordinator,
+)
+from batchgen_data.distributed.migration import MigrationCosts
+from batchgen_data.engine.async_engine import AsyncEngine, MigratedOut
+from batchgen_data.engine.sampling_params import SamplingParams
+from batchgen_data.errors import EngineDeadError
 
 logger = logging.getLogger(__name__)
 
@@ -194,7 +203,7 @@ class RebalanceClient:
 
     async def _migrate_out(self, count: int) -> int:
         try:
-            return await self.engine.migrate_out(count)
+            return await self.engine.migrate_out(count, MigrationCosts.of_engine)
         except EngineDeadError:
             exit_for_restart()
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchgen_data.config import EngineConfig
+from batchgen_data.engine.outputs import GenerationOutput
+from batchgen_data.engine.sampling_params import SamplingParams
 from batchgen_data.errors import BatchGenError, ConfigError
-from batchgen_data.outputs import GenerationOutput
-from batchgen_data.sampling_params import SamplingParams
 
 PROMPT_COLUMNS = ("prompt", "messages", "prompt_token_ids")
 SAMPLING_PARAMS_COLUMN = "sampling_params"
@@ -92,7 +92,7 @@ class RowResult:
     error: str | None = None
 
     @classmethod
-    def from_output(cls, out: GenerationOutput) -> "RowResult":
+    def from_output(cls, out: GenerationOutput) -> RowResult:
         return cls(
             generated_text=out.text if out.error is None else None,
             generated_tokens=list(out.token_ids),
@@ -104,7 +104,7 @@ class RowResult:
         )
 
     @classmethod
-    def failed(cls, error: str) -> "RowResult":
+    def failed(cls, error: str) -> RowResult:
         return cls(finish_reason="error", generated_tokens=[], num_generated_tokens=0, error=error)
 
 

@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tiny_checkpoints import ARCHITECTURES, build_checkpoint  # noqa: E402
+from tiny_checkpoints import build_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -29,7 +29,7 @@ def tiny_checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def demo_path():
-    from batchgen_data.demo import ensure_demo_checkpoint
+    from batchgen_data.model.demo import ensure_demo_checkpoint
 
     return ensure_demo_checkpoint()
 
@@ -47,8 +47,6 @@ def ray_cluster(tmp_path_factory):
     yield
     ray.shutdown()
 
-
-ALL_ARCHS = list(ARCHITECTURES)
 
 
 def pytest_configure(config):

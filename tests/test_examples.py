@@ -37,7 +37,7 @@ def ray_rows(ray_cluster, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cli_rows(tmp_path_factory):
-    from batchgen_data.cli import main
+    from batchgen_data.jobs.cli import main
 
     out = tmp_path_factory.mktemp("cli-out") / "tickets"
     code = main(["run", str(EXAMPLES_DIR / "data" / "support_tickets.jsonl"), str(out),

@@ -63,6 +63,7 @@ ARCHITECTURES = {
         tie_word_embeddings=True,
     ),
 }
+ALL_ARCHS = list(ARCHITECTURES)
 
 CHAT_TEMPLATE = (
     "{%- for m in messages %}{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"

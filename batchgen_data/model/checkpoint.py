@@ -15,7 +15,7 @@ from safetensors import safe_open
 
 from batchgen_data.errors import CheckpointError
 from batchgen_data.model.config import ModelConfig
-from batchgen_data.model.experts import ExpertWeights
+from batchgen_data.model.moe.experts import ExpertWeights
 
 _MOE_PREFIXES = ("mlp", "block_sparse_moe")
 _CPU_ALIGNMENT = 64  # bytes; torch's CPU allocator aligns to this

@@ -98,14 +98,14 @@ class ModelConfig:
         return sum(attn + (moe if self.is_sparse_layer(i) else dense) for i in range(self.num_hidden_layers))
 
     @classmethod
-    def from_pretrained(cls, folder: str | Path) -> "ModelConfig":
+    def from_pretrained(cls, folder: str | Path) -> ModelConfig:
         path = Path(folder) / "config.json"
         if not path.is_file():
             raise CheckpointError(f"no config.json in checkpoint folder {str(folder)!r}")
         return cls.from_dict(json.loads(path.read_text()))
 
     @classmethod
-    def from_dict(cls, cfg: dict) -> "ModelConfig":
+    def from_dict(cls, cfg: dict) -> ModelConfig:
         model_type = cfg.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModelError(

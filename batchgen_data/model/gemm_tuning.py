@@ -82,7 +82,7 @@ class GemmPlan:
         return json.dumps({f"{n}x{k}": names for (n, k), names in self.choices.items()})
 
     @classmethod
-    def from_json(cls, text: str) -> "GemmPlan":
+    def from_json(cls, text: str) -> GemmPlan:
         data = json.loads(text)
         return cls({tuple(int(v) for v in key.split("x")): list(names) for key, names in data.items()})
 

@@ -7,7 +7,6 @@ import torch.nn.functional as F
 
 from batchgen_data.model.gemm_tuning import GemmPlan, available_kernels
 
-
 # CPU GEMM kernel per weight shape and row count: measured on the running machine when the
 # engine loads a model (``gemm_tuning.py``), merged into this process-wide table; shapes it has
 # not measured use the static rule below, measured on this project's AMD EPYC (AVX2) machines:

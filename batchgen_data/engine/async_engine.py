@@ -1,0 +1,245 @@
+"""An asyncio front for one running ``Engine``: many callers feed one continuous batch.
+
+Several Ray Data batches in flight in one actor (or any asyncio code) call ``generate`` /
+``generate_stream`` concurrently; their requests join the same running set, so the engine's
+batch stays full across caller boundaries. The engine itself runs on one background thread,
+which is the only thread that touches it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from batchgen_data.engine.engine import Engine
+from batchgen_data.engine.outputs import GenerationOutput
+from batchgen_data.engine.sampling_params import SamplingParams
+from batchgen_data.engine.sequence import Sequence, SequenceState, SequenceStatus
+from batchgen_data.errors import BatchGenError, EngineDeadError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class MigratedOut:
+    """What a request's caller gets instead of an output when its sequence was moved away."""
+
+    state: SequenceState
+
+
+class MovePolicy(Protocol):
+    """Which sequences are worth moving to another engine, and whether their KV travels
+    (``batchgen_data.distributed.migration.MigrationCosts`` is the one the project uses)."""
+
+    def worth_moving(self, seq: Sequence) -> bool: ...
+
+    def send_kv(self, num_tokens: int) -> bool: ...
+
+
+@dataclass(slots=True)
+class _Submission:
+    prompt: object
+    params: SamplingParams | None
+    deliver: Callable[[GenerationOutput | MigratedOut | BaseException], None]
+    state: SequenceState | None = None  # continue a sequence exported elsewhere
+    movable: bool = False  # ``migrate_out`` may take it away (its caller accepts a MigratedOut)
+
+
+@dataclass(slots=True)
+class _Live:
+    seq: Sequence
+    deliver: Callable
+    movable: bool
+
+
+@dataclass(slots=True)
+class _Command:
+    """Work for the engine thread between two steps (the only thread that touches the engine)."""
+
+    fn: Callable[[], object]
+    deliver: Callable[[object], None]
+
+
+class AsyncEngine:
+    """Runs ``engine`` on a background thread and serves asyncio callers.
+
+    Example:
+        >>> import asyncio
+        >>> from batchgen_data import Engine, SamplingParams
+        >>> from batchgen_data.engine.async_engine import AsyncEngine
+        >>> aengine = AsyncEngine(Engine("demo"))
+        >>> outs = asyncio.run(aengine.generate(["Hi"], SamplingParams(max_tokens=2, temperature=0)))
+        >>> outs[0].num_generated_tokens
+        2
+        >>> aengine.shutdown()
+    """
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self._inbox: queue.Queue[_Submission | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._error: BaseException | None = None
+        self._closed = False
+        self._live: dict[int, _Live] = {}  # engine thread only
+
+    @property
+    def is_dead(self) -> bool:
+        return self._error is not None
+
+    @property
+    def num_unfinished(self) -> int:
+        return self.engine.scheduler.num_unfinished + self._inbox.qsize()
+
+    async def generate(self, prompts, sampling_params=None) -> list[GenerationOutput]:
+        """All outputs, in input order."""
+        results: dict[int, GenerationOutput] = {}
+        async for index, out in self._submit(prompts, sampling_params):
+            results[index] = out
+        return [results[i] for i in range(len(results))]
+
+    async def generate_stream(self, prompts, sampling_params=None) -> AsyncIterator[tuple[int, GenerationOutput]]:
+        """``(input index, output)`` pairs as requests complete."""
+        async for item in self._submit(prompts, sampling_params):
+            yield item
+
+    async def run_one(self, prompt, params: SamplingParams | None, state: SequenceState | None = None,
+                      movable: bool = True) -> GenerationOutput | MigratedOut:
+        """One request (or the continuation of an exported ``state``): its output, or, if it is
+        ``movable``, a ``MigratedOut`` when ``migrate_out`` took it away to run elsewhere."""
+        return await self._round_trip(lambda deliver: _Submission(prompt, params, deliver, state, movable))
+
+    async def migrate_out(self, max_seqs: int, policy: Callable[[Engine], MovePolicy]) -> int:
+        """MIGRATE out up to ``max_seqs`` movable sequences, the ones with the most tokens left
+        first, among those the policy finds worth moving; each one's caller gets a
+        ``MigratedOut`` with its state (KV included where the policy says so). ``policy`` is
+        built from the engine between two steps, on the engine thread. Returns how many were
+        taken out."""
+        export = lambda: self._export_stragglers(max_seqs, policy(self.engine))  # noqa: E731
+        return await self._round_trip(lambda deliver: _Command(export, deliver))
+
+    async def _round_trip(self, make_item: Callable[[Callable[[object], None]], _Submission | _Command]):
+        """Queue one item for the engine thread and await what it delivers."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+        self._ensure_running()
+        self._inbox.put(make_item(_resolver(loop, done)))
+        result = await done
+        if isinstance(result, BaseException):
+            raise EngineDeadError(f"engine failed: {result!r}") from result
+        return result
+
+    def _export_stragglers(self, max_seqs: int, costs: MovePolicy) -> int:
+        movable = [live for live in self._live.values() if live.movable and live.seq.status in _EXPORTABLE]
+        movable.sort(key=lambda live: -live.seq.num_tokens_left)
+        moved = 0
+        for live in movable[:max_seqs]:
+            if not costs.worth_moving(live.seq):
+                break  # sorted by tokens left: the rest are worth even less
+            state = self.engine.export_sequence(live.seq, with_kv=costs.send_kv(live.seq.num_computed_tokens))
+            del self._live[live.seq.request_id]
+            live.deliver(MigratedOut(state))
+            moved += 1
+        return moved
+
+    async def _submit(self, prompts, sampling_params) -> AsyncIterator[tuple[int, GenerationOutput]]:
+        prompts = list(prompts)
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params = [sampling_params] * len(prompts)
+        else:
+            params = list(sampling_params)
+        if len(params) != len(prompts):
+            raise BatchGenError(f"got {len(params)} sampling params for {len(prompts)} prompts")
+        loop = asyncio.get_running_loop()
+        inbox: asyncio.Queue = asyncio.Queue()
+        self._ensure_running()
+        for index, (prompt, sp) in enumerate(zip(prompts, params)):
+
+            def deliver(result, index=index):
+                loop.call_soon_threadsafe(inbox.put_nowait, (index, result))
+
+            self._inbox.put(_Submission(prompt, sp, deliver))
+        for _ in prompts:
+            index, result = await inbox.get()
+            if isinstance(result, BaseException):
+                raise EngineDeadError(f"engine failed: {result!r}") from result
+            yield index, result
+
+    def _ensure_running(self) -> None:
+        if self._error is not None:
+            raise EngineDeadError(f"engine failed earlier: {self._error!r}")
+        if self._closed:
+            raise EngineDeadError("engine was shut down")
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="batchgen-engine", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        live = self._live
+        try:
+            while True:
+                block = not self.engine.has_unfinished_requests()
+                try:
+                    item = self._inbox.get(block=block)
+                    while True:
+                        if item is None:
+                            return
+                        if isinstance(item, _Command):
+                            item.deliver(item.fn())
+                        else:
+                            self._accept(item)
+                        item = self._inbox.get_nowait()
+                except queue.Empty:
+                    pass
+                if self.engine.has_unfinished_requests():
+                    for seq in self.engine.step():
+                        entry = live.pop(seq.request_id, None)
+                        if entry is not None:
+                            entry.deliver(self.engine.to_output(seq))
+        except BaseException as err:  # the engine is unusable: fail every waiter loudly
+            logger.exception("batchgen engine thread failed")
+            self._error = err
+            for entry in live.values():
+                entry.deliver(err)
+            while True:
+                try:
+                    item = self._inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None:
+                    item.deliver(err)
+
+    def _accept(self, item: _Submission) -> None:
+        if item.state is not None:
+            seq = self.engine.import_sequence(item.state)
+        else:
+            seq = self.engine.add_request(item.prompt, item.params)
+        if seq.status is SequenceStatus.FINISHED:
+            item.deliver(self.engine.to_output(seq))
+        else:
+            self._live[seq.request_id] = _Live(seq, item.deliver, item.movable)
+
+    def shutdown(self, timeout: float | None = 10.0) -> None:
+        """Stop the engine thread (after the work it already has in hand)."""
+        self._closed = True
+        if self._thread is not None:
+            self._inbox.put(None)
+            self._thread.join(timeout)
+
+
+_EXPORTABLE = (SequenceStatus.WAITING, SequenceStatus.RUNNING, SequenceStatus.SUSPENDED)
+
+
+def _resolver(loop: asyncio.AbstractEventLoop, future: asyncio.Future) -> Callable[[object], None]:
+    """Resolve ``future`` from the engine thread."""
+
+    def deliver(result) -> None:
+        loop.call_soon_threadsafe(lambda: future.done() or future.set_result(result))
+
+    return deliver

@@ -1,0 +1,187 @@
+"""Executes one ``SchedulerOutput`` on the model: module-based batching (paper Algorithm 1).
+
+NOTE: the forward of one step, for the combined batch of B_moe sequences:
+  h = embed(all tokens)
+  for each layer:
+      q, k, v = qkv(norm(h)); write k, v to the KV pages       # one GEMM over all tokens
+      for each attention micro-batch of B_attn sequences:   # YIELD at the attention boundary
+          a[mb] = attend(q[mb])                              # over its own paged-KV metadata
+      h = h + o_proj(a)                                      # COMBINE again for the projection
+      h = ffn_block(h)                                       # COMBINE: router + experts on all tokens
+  logits = lm_head(norm(h[last token of each sampling sequence])); tokens = sample(logits)
+Metadata for each micro-batch is built once per step and reused by every layer, so per-sequence
+Python work is per step, not per layer.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from batchgen_data.engine.sampler import SamplingBatch, sample
+from batchgen_data.engine.scheduler import SchedulerOutput
+from batchgen_data.engine.sequence import Sequence
+from batchgen_data.model import MoEModel
+from batchgen_data.model.attention.metadata import (
+    AttentionBatch,
+    AttentionMetadata,
+    build_attention_metadata,
+)
+from batchgen_data.model.kv_cache import KVCache
+
+# Largest padded/real attention area accepted when grouping prefill chunks into a micro-batch.
+_MAX_PADDING = 1.5
+
+
+@dataclass(slots=True)
+class StepWork:
+    """What one forward computed, for roofline accounting (``benchmarks/roofline.py``)."""
+
+    expert_calls: int = 0  # (layer, expert) pairs that ran on at least one token
+    context_tokens: int = 0  # KV entries each layer's attention reads (every sequence's context)
+    attended_keys: int = 0  # (query, key) pairs each layer scores: full causal, windows not subtracted
+
+
+@dataclass(slots=True)
+class RunnerStats:
+    """Cumulative counters; ``kernel_s`` is time inside model modules and the sampler."""
+
+    num_forwards: int = 0
+    num_tokens: int = 0
+    kernel_s: float = 0.0
+    expert_calls: int = 0  # (layer, expert) GEMM pairs run
+    expert_tokens: int = 0  # routed token rows over those calls
+    last_tokens_per_expert_call: float = 0.0
+    # The last step's wall seconds per module group ("attention": norms, projections and
+    # attention cores; "moe": routers, experts and dense FFNs; "logits": final norm, lm_head and
+    # sampling). On CUDA, asynchronous kernels blur the split: each group's host syncs absorb the
+    # device time queued before them.
+    last_module_s: dict[str, float] = field(default_factory=dict)
+    last_work: StepWork = field(default_factory=StepWork)
+
+    @property
+    def mean_tokens_per_expert_call(self) -> float:
+        return self.expert_tokens / self.expert_calls if self.expert_calls else 0.0
+
+
+class ModelRunner:
+    def __init__(self, model: MoEModel, kv_cache: KVCache, attention_batch_size: int):
+        self.model = model
+        self.kv = kv_cache
+        self.attention_batch_size = attention_batch_size
+        self.block_size = kv_cache.block_size
+        self.stats = RunnerStats()
+
+    def execute(self, out: SchedulerOutput) -> list[int]:
+        """Run the forward and return one sampled token per sampling sequence, in batch order."""
+        self.stats.last_module_s.update(attention=0.0, moe=0.0, logits=0.0)
+        self.stats.last_work = work = StepWork()
+        for seq, block_ids in out.swap_out:
+            seq.host_kv = self.kv.read_tokens(block_ids, seq.num_computed_tokens)
+        for seq in out.swap_in:
+            self.kv.write_tokens(seq.block_ids, seq.host_kv)
+            seq.host_kv = None
+        if not out.seqs:
+            return []
+        device = self.model.device
+        input_ids, micro_batches, sample_rows = [], [], []
+        for group in self._micro_batches(out):
+            seqs = [out.seqs[i] for i in group]
+            qlens = [out.query_lens[i] for i in group]
+            for i, seq, qlen in zip(group, seqs, qlens):
+                input_ids += seq.token_ids_range(seq.num_computed_tokens, seq.num_computed_tokens + qlen)
+                if out.samples[i]:
+                    sample_rows.append((i, len(input_ids) - 1))
+            ctx = [s.num_computed_tokens + q for s, q in zip(seqs, qlens)]
+            work.context_tokens += sum(ctx)
+            work.attended_keys += sum(q * (c - q) + q * (q + 1) // 2 for q, c in zip(qlens, ctx))
+            meta = build_attention_metadata(qlens, ctx, [s.block_ids for s in seqs], self.block_size, device)
+            micro_batches.append((sum(qlens), meta))
+        self._attach_gather_buffers([meta for _, meta in micro_batches])
+        last_rows = [row for _, row in sorted(sample_rows)]  # back in batch order
+        ids = torch.tensor(input_ids, dtype=torch.long, device=device)
+        t0 = time.perf_counter()
+        hidden = self._forward(ids, micro_batches)
+        t_logits = time.perf_counter()
+        tokens: list[int] = []
+        if last_rows:
+            logits = self.model.compute_logits(hidden[torch.tensor(last_rows, device=device)])
+            sampling = [s for s, smp in zip(out.seqs, out.samples) if smp]
+            tokens = sample(logits, _sampling_batch(sampling)).tolist()
+        t_end = time.perf_counter()
+        self.stats.last_module_s["logits"] = t_end - t_logits
+        self.stats.kernel_s += t_end - t0
+        self.stats.num_forwards += 1
+        self.stats.num_tokens += len(input_ids)
+        return tokens
+
+    def _attach_gather_buffers(self, metas: list[AttentionMetadata]) -> None:
+        """Point every micro-batch at the reused page-gather buffers (micro-batches run in turn)."""
+        workspace = self.kv.gather_buffers(max(meta.num_gathered_blocks for meta in metas))
+        for meta in metas:
+            n = meta.num_gathered_blocks
+            meta.gather_buffers = {layout: tuple(b[:n] for b in bufs) for layout, bufs in workspace.items()}
+
+    def _micro_batches(self, out: SchedulerOutput) -> list[list[int]]:
+        """Group the batch's sequences into attention micro-batches of at most B_attn.
+
+        Attention pads every micro-batch to its longest query and context, so sequences are
+        grouped by size: decoders by context length, prefill chunks longest first while the
+        padded area stays under ``_MAX_PADDING`` times the real one.
+        """
+        size = self.attention_batch_size
+        decode = sorted((i for i, q in enumerate(out.query_lens) if q == 1),
+                        key=lambda i: out.seqs[i].num_computed_tokens)
+        groups = [decode[k : k + size] for k in range(0, len(decode), size)]
+        prefill = sorted((i for i, q in enumerate(out.query_lens) if q > 1),
+                         key=lambda i: out.query_lens[i], reverse=True)
+        group: list[int] = []
+        real = 0
+        for i in prefill:
+            q, ctx = out.query_lens[i], out.seqs[i].num_computed_tokens + out.query_lens[i]
+            if group:
+                q0, ctx0 = out.query_lens[group[0]], out.seqs[group[0]].num_computed_tokens + out.query_lens[group[0]]
+                padded = (len(group) + 1) * q0 * max(ctx0, ctx)
+                if len(group) == size or padded > _MAX_PADDING * (real + q * ctx):
+                    groups.append(group)
+                    group, real = [], 0
+            group.append(i)
+            real += q * ctx
+        if group:
+            groups.append(group)
+        return groups
+
+    def _forward(self, ids: torch.Tensor, micro_batches: list[tuple[int, AttentionMetadata]]) -> torch.Tensor:
+        model = self.model
+        h = model.embed(ids)  # [T, H]
+        batch = AttentionBatch.combine([meta for _, meta in micro_batches], model.rotary, model.dtype)
+        calls = tokens = 0
+        attention_s = moe_s = 0.0
+        for layer_id, layer in enumerate(model.layers):
+            t0 = time.perf_counter()
+            h = layer.attention_block(h, batch, self.kv.layers[layer_id])
+            t1 = time.perf_counter()
+            h, counts = layer.ffn_block(h)
+            t2 = time.perf_counter()
+            attention_s, moe_s = attention_s + t1 - t0, moe_s + t2 - t1
+            if counts is not None:
+                calls += int((counts > 0).sum())
+                tokens += int(counts.sum())
+        self.stats.last_module_s.update(attention=attention_s, moe=moe_s)
+        self.stats.last_work.expert_calls = calls
+        self.stats.expert_calls += calls
+        self.stats.expert_tokens += tokens
+        self.stats.last_tokens_per_expert_call = tokens / calls if calls else 0.0
+        return h
+
+
+def _sampling_batch(seqs: list[Sequence]) -> SamplingBatch:
+    return SamplingBatch(
+        temperatures=[s.params.temperature for s in seqs],
+        top_ps=[s.params.top_p for s in seqs],
+        top_ks=[s.params.top_k for s in seqs],
+        seeds=[s.seed for s in seqs],
+        steps=[s.num_generated for s in seqs],
+    )

@@ -1,0 +1,92 @@
+"""Sampling parameters, with vLLM's names and defaults."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from batchgen_data.errors import ConfigError
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """How to sample one request's output; names and defaults follow ``vllm.SamplingParams``.
+
+    Args:
+        max_tokens (int, default 16): most tokens to generate; at least 1.
+        temperature (float, default 1.0): softmax temperature; ``0`` means greedy.
+        top_p (float, default 1.0): nucleus mass to keep, in (0, 1].
+        top_k (int, default 0): keep the k most likely tokens; ``0`` or ``-1`` turn it off.
+        seed (int | None, default None): per-request seed; the same prompt and seed give the
+            same tokens whatever else shares the batch.
+        stop (str | list[str] | None, default None): strings that end generation; the stop string
+            is not included in the output text.
+        stop_token_ids (list[int] | None, default None): token ids that end generation (in
+            addition to the model's end-of-sequence tokens unless ``ignore_eos``).
+        ignore_eos (bool, default False): keep generating past end-of-sequence tokens.
+        skip_special_tokens (bool, default True): drop special tokens when decoding text.
+
+    Example:
+        >>> SamplingParams(max_tokens=8, temperature=0).temperature
+        0.0
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    _stop_strings: tuple[str, ...] = field(default=(), init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.verify()
+
+    def verify(self) -> None:
+        """Raise ``ConfigError`` naming the first invalid field and its valid range."""
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
+            raise ConfigError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        if self.max_tokens < 1:
+            raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not isinstance(self.temperature, (int, float)) or isinstance(self.temperature, bool):
+            raise ConfigError(f"temperature must be a float >= 0, got {self.temperature!r}")
+        if math.isnan(self.temperature) or self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        self.temperature = float(self.temperature)
+        if not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
+            raise ConfigError(f"top_k must be an int >= -1 (-1 or 0 = off), got {self.top_k!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ConfigError(f"seed must be an int or None, got {self.seed!r}")
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if not all(isinstance(s, str) and s for s in stops):
+            raise ConfigError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
+        self._stop_strings = tuple(stops)
+        ids = list(self.stop_token_ids or [])
+        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+            raise ConfigError(f"stop_token_ids must be non-negative ints, got {self.stop_token_ids!r}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        return self._stop_strings
+
+    def to_dict(self) -> dict:
+        """The public fields as plain data (what ``from_dict`` takes back)."""
+        return {f: getattr(self, f) for f in self.__dataclass_fields__ if not f.startswith("_")}
+
+    @classmethod
+    def from_dict(cls, values: dict) -> SamplingParams:
+        """Build from a dict with vLLM / Ray Data LLM names; unknown keys are an error."""
+        known = {f for f in cls.__dataclass_fields__ if not f.startswith("_")}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown sampling parameter(s) {unknown}; known: {sorted(known)}")
+        return cls(**{k: v for k, v in values.items() if v is not None or k == "seed"})

@@ -1,0 +1,256 @@
+"""The inter-forward scheduler: select, combine, manage pages (paper Algorithm 2). No torch.
+
+NOTE: one step of ``schedule()``:
+  1. Extend. Every running sequence gets its pending work for this forward: decoders one token,
+     prefilling sequences (new, or resumed by recompute) a chunk of what is left of the token
+     budget. A sequence that crosses a KV page boundary gets a new page; when none is free,
+     running sequences YIELD to host (suspend) in ``suspend_policy`` order until one is.
+  2. Refill. When the running set has fallen below ``refill_threshold * max_num_seqs`` (or is
+     empty, or nothing is suspended and all waiting work fits its free slots), suspended
+     sequences resume first, then waiting ones are admitted, while their pages fit (keeping one
+     page of headroom per running sequence) and the set is below max_num_seqs.
+  3. Emit. The running sequences with work this step, in order, and their query lengths, are
+     COMBINED into one forward (the model runner splits attention into micro-batches).
+``update()`` then appends sampled tokens, applies the stop rules and frees finished sequences.
+Per-sequence Python work here is O(1) per step; page work happens once per page of tokens.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from batchgen_data.config import EngineConfig
+from batchgen_data.engine.block_manager import BlockManager
+from batchgen_data.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """One forward's work, in batch order. Lists only, so it can cross process boundaries."""
+
+    seqs: list[Sequence]
+    query_lens: list[int]
+    samples: list[bool]  # the sequence's pending tokens all run now: sample its next token
+    swap_out: list[tuple[Sequence, list[int]]] = field(default_factory=list)  # save KV first
+    swap_in: list[Sequence] = field(default_factory=list)  # then restore host KV into new pages
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.query_lens)
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    num_suspended: int = 0
+    num_resumed_swap: int = 0
+    num_resumed_recompute: int = 0
+    num_recomputed_tokens: int = 0
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: EngineConfig,
+        blocks: BlockManager,
+        max_model_len: int,
+        kv_bytes_per_token: int,
+        eos_token_ids: frozenset[int] = frozenset(),
+        detokenize: Callable[[list[int]], str] | None = None,
+    ):
+        self.config = config
+        self.blocks = blocks
+        self.max_model_len = max_model_len
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.eos_token_ids = eos_token_ids
+        self.detokenize = detokenize
+        self.waiting: deque[Sequence] = deque()
+        self.suspended: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.host_bytes_used = 0
+        self.stats = SchedulerStats()
+
+    # -- queues ---------------------------------------------------------------------------------
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.suspended or self.running)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.suspended) + len(self.running)
+
+    # -- schedule -------------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        swap_out: list[tuple[Sequence, list[int]]] = []
+        self._extend(swap_out)
+        swap_in = self._refill()
+        budget = self.config.max_num_batched_tokens
+        seqs, query_lens, samples = [], [], []
+        # Decoders first (one token each), then prefill chunks in admission order.
+        for seq in self.running:
+            if seq.num_pending_tokens == 1:
+                seqs.append(seq), query_lens.append(1), samples.append(True)
+                budget -= 1
+        for seq in self.running:
+            pending = seq.num_pending_tokens
+            if pending > 1 and budget > 0:
+                chunk = min(pending, budget)
+                seqs.append(seq), query_lens.append(chunk), samples.append(chunk == pending)
+                budget -= chunk
+        return SchedulerOutput(seqs, query_lens, samples, swap_out, swap_in)
+
+    def _extend(self, swap_out: list) -> None:
+        """Give each running decoder a slot for its next token, suspending when pages run out."""
+        for seq in list(self.running):
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # suspended earlier in this loop
+            needed = self.blocks.blocks_for(seq.num_tokens) - len(seq.block_ids)
+            while needed > 0 and not self.blocks.can_allocate(needed):
+                victim = self._pick_victim()
+                self._suspend(victim, swap_out)
+                if victim is seq:
+                    break
+            if seq.status is SequenceStatus.RUNNING and needed > 0:
+                seq.block_ids += self.blocks.allocate(needed)
+
+    def _pick_victim(self) -> Sequence:
+        if self.config.suspend_policy == "most_progress":
+            # Keep the sequences nearest completion running: the least advanced yields first,
+            # the newest among equals.
+            return min(reversed(self.running), key=lambda s: s.num_generated)
+        return min(reversed(self.running), key=lambda s: s.num_tokens)  # shortest_first
+
+    def _suspend(self, seq: Sequence, swap_out: list) -> None:
+        """YIELD to host: keep the KV there if the host pool has room, else drop it (recompute)."""
+        self.running.remove(seq)
+        seq.transition(SequenceStatus.SUSPENDED)
+        seq.num_suspensions += 1
+        self.stats.num_suspended += 1
+        kv_bytes = seq.num_computed_tokens * self.kv_bytes_per_token
+        if seq.num_computed_tokens and self.host_bytes_used + kv_bytes <= self.config.swap_space_bytes:
+            swap_out.append((seq, list(seq.block_ids)))
+            self.host_bytes_used += kv_bytes
+        else:
+            seq.num_computed_tokens = 0
+        self._free_pages(seq)
+        self.suspended.append(seq)
+
+    def _refill(self) -> list[Sequence]:
+        """Resume suspended sequences, then admit waiting ones, while their pages fit."""
+        target = self.config.max_num_seqs
+        # Waiting work that all fits starts now: holding a free slot empty for a threshold would
+        # only delay it (a job's last rows; a rebalancing actor leases for its empty slots only).
+        # Suspended work keeps the threshold: it yielded for memory, so resuming it at once would
+        # thrash.
+        all_fit = not self.suspended and len(self.waiting) <= target - len(self.running)
+        if self.running and len(self.running) >= self.config.refill_threshold * target and not all_fit:
+            return []
+        swap_in: list[Sequence] = []
+        # Resume in the policy's order: the sequences that would be kept running come back first.
+        self.suspended.sort(
+            key=(lambda s: -s.num_generated)
+            if self.config.suspend_policy == "most_progress"
+            else (lambda s: s.num_tokens)
+        )
+        while self.suspended and len(self.running) < target:
+            seq = self.suspended[0]
+            if not self._admit(seq):
+                return swap_in
+            self.suspended.pop(0)
+            if seq.num_computed_tokens:
+                swap_in.append(seq)
+                self.host_bytes_used -= seq.num_computed_tokens * self.kv_bytes_per_token
+                self.stats.num_resumed_swap += 1
+            else:
+                self.stats.num_resumed_recompute += 1
+                self.stats.num_recomputed_tokens += seq.num_tokens - 1
+        while self.waiting and len(self.running) < target:
+            seq = self.waiting[0]
+            if not self._admit(seq):
+                break
+            self.waiting.popleft()
+        return swap_in
+
+    def _admit(self, seq: Sequence) -> bool:
+        """Pages for all of the sequence's tokens (a swapped-in KV plus its pending token)."""
+        needed = self.blocks.blocks_for(seq.num_tokens)
+        headroom = len(self.running)  # one page of growth per running sequence
+        if not self.blocks.can_allocate(needed + headroom):
+            return False
+        seq.block_ids = self.blocks.allocate(needed)
+        seq.transition(SequenceStatus.RUNNING)
+        self.running.append(seq)
+        return True
+
+    # -- update ---------------------------------------------------------------------------------
+
+    def update(self, out: SchedulerOutput, sampled: list[int], now_s: float) -> list[Sequence]:
+        """Apply one forward's results; return the sequences that finished."""
+        finished = []
+        it = iter(sampled)
+        for seq, qlen, samples in zip(out.seqs, out.query_lens, out.samples):
+            seq.num_computed_tokens += qlen
+            if not samples:
+                continue
+            token = next(it)
+            seq.output_token_ids.append(token)
+            if seq.first_token_s is None:
+                seq.first_token_s = now_s
+            reason = self._stop_reason(seq, token)
+            if reason is not None:
+                self.running.remove(seq)
+                self._free_pages(seq)
+                seq.finish(reason, now_s)
+                finished.append(seq)
+        return finished
+
+    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
+        params = seq.params
+        if not params.ignore_eos and token in self.eos_token_ids:
+            return "stop"
+        if params.stop_token_ids and token in params.stop_token_ids:
+            return "stop"
+        if params.stop_strings and self.detokenize is not None and self._hits_stop_string(seq):
+            return "stop"
+        if seq.num_generated >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def _hits_stop_string(self, seq: Sequence) -> bool:
+        longest = max(len(s) for s in seq.params.stop_strings)
+        tail = self.detokenize(seq.output_token_ids[-(longest + 8) :])
+        if not any(s in tail for s in seq.params.stop_strings):
+            return False
+        text = self.detokenize(seq.output_token_ids)
+        cut = min((i for i in (text.find(s) for s in seq.params.stop_strings) if i >= 0), default=-1)
+        if cut < 0:
+            return False
+        seq.stop_text_len = cut
+        return True
+
+    # -- errors and migration -------------------------------------------------------------------
+
+    def _free_pages(self, seq: Sequence) -> None:
+        self.blocks.free(seq.block_ids)
+        seq.block_ids = []
+
+    def release(self, seq: Sequence) -> None:
+        """Take a running sequence out of the running set and free its pages (MIGRATE out)."""
+        self.running.remove(seq)
+        self._free_pages(seq)
+        seq.num_computed_tokens = 0
+
+    def abort(self, seq: Sequence, reason: str, now_s: float) -> None:
+        """Finish a queued or running sequence with an error, freeing what it holds."""
+        for pool in (self.running, self.suspended):
+            if seq in pool:
+                pool.remove(seq)
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        self._free_pages(seq)
+        seq.finish("error", now_s, error=reason)

@@ -1,0 +1,127 @@
+"""The sequence coroutine: one prompt's execution, its state and its lifecycle.
+
+A sequence yields to the scheduler at module boundaries inside a forward (attention micro-batch ->
+combined MoE batch) and between forwards; between forwards it can also be suspended (its KV moved
+to host or dropped) and resumed, or exported to another engine. Its result does not depend on
+any of that: sampling randomness is keyed by (seed, tokens generated so far).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from batchgen_data.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # the scheduler imports this module and stays torch-free
+    import torch
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"  # in the waiting pool, never run
+    RUNNING = "running"  # holds KV pages in the pool; scheduled every step
+    SUSPENDED = "suspended"  # yielded for memory: KV on host (swapped) or dropped (recompute)
+    FINISHED = "finished"  # stop / length / error; KV freed
+    EXPORTED = "exported"  # migrated out of this engine (its state lives elsewhere now)
+
+
+# The lifecycle, as data. Every status change goes through ``Sequence.transition``.
+TRANSITIONS: dict[SequenceStatus, frozenset[SequenceStatus]] = {
+    SequenceStatus.WAITING: frozenset(
+        {SequenceStatus.RUNNING, SequenceStatus.FINISHED, SequenceStatus.EXPORTED}
+    ),
+    SequenceStatus.RUNNING: frozenset(
+        {SequenceStatus.SUSPENDED, SequenceStatus.FINISHED, SequenceStatus.EXPORTED}
+    ),
+    SequenceStatus.SUSPENDED: frozenset(
+        {SequenceStatus.RUNNING, SequenceStatus.FINISHED, SequenceStatus.EXPORTED}
+    ),
+    SequenceStatus.FINISHED: frozenset(),
+    SequenceStatus.EXPORTED: frozenset(),
+}
+
+
+@dataclass(slots=True)
+class SequenceState:
+    """A sequence's portable form (MIGRATE): enough to continue it in another engine.
+
+    ``kv`` is optional: without it the importing engine recomputes the KV from the tokens.
+    """
+
+    request_id: int
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    params: SamplingParams
+    seed: int
+    kv: torch.Tensor | None = None  # [num_tokens_in_kv, values per token] (``KVCache.read_tokens``)
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    request_id: int
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed: int
+    arrival_s: float = 0.0
+    output_token_ids: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    block_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    host_kv: torch.Tensor | None = None  # KV saved while SUSPENDED by swapping
+    finish_reason: str | None = None
+    error: str | None = None
+    stop_text_len: int | None = None  # where a stop string cut the text
+    first_token_s: float | None = None
+    finished_s: float | None = None
+    num_suspensions: int = 0
+
+    def transition(self, new: SequenceStatus) -> None:
+        if new not in TRANSITIONS[self.status]:
+            raise RuntimeError(f"sequence {self.request_id}: illegal transition {self.status.name} -> {new.name}")
+        self.status = new
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_tokens_left(self) -> int:
+        """Tokens the sequence may still generate (its ``max_tokens`` budget left)."""
+        return max(0, self.params.max_tokens - self.num_generated)
+
+    @property
+    def num_pending_tokens(self) -> int:
+        """Tokens not yet in KV: the rest of the prompt (prefill) or the last sampled token."""
+        return self.num_tokens - self.num_computed_tokens
+
+    def token_ids_range(self, start: int, end: int) -> list[int]:
+        prompt_len = len(self.prompt_token_ids)
+        if end <= prompt_len:
+            return self.prompt_token_ids[start:end]
+        if start >= prompt_len:
+            return self.output_token_ids[start - prompt_len : end - prompt_len]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - prompt_len]
+
+    def finish(self, reason: str, now_s: float, error: str | None = None) -> None:
+        self.transition(SequenceStatus.FINISHED)
+        self.finish_reason, self.error, self.finished_s = reason, error, now_s
+        self.host_kv = None
+
+    def export_state(self, kv: torch.Tensor | None = None) -> SequenceState:
+        return SequenceState(
+            request_id=self.request_id,
+            prompt_token_ids=list(self.prompt_token_ids),
+            output_token_ids=list(self.output_token_ids),
+            params=self.params,
+            seed=self.seed,
+            kv=kv,
+        )

@@ -1,0 +1,180 @@
+"""The CLI batch job: run every pending part of the input through the engine, write parts.
+
+One worker runs an engine in this process and keeps several parts in flight so the running set
+stays full across part boundaries. ``workers > 1`` runs ``BatchGenOperator`` actors through Ray
+Data (a local Ray it starts, or ``address``) and writes each part when all its rows are back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from batchgen_data.jobs.files import (
+    JobManifest,
+    Part,
+    discover_inputs,
+    open_output,
+    plan_parts,
+    read_table,
+    write_part,
+)
+from batchgen_data.jobs.progress import JobProgress
+from batchgen_data.operators.rows import ERROR_COLUMN, StageConfig
+
+logger = logging.getLogger(__name__)
+
+_PART_COLUMN, _ROW_COLUMN = "__batchgen_part", "__batchgen_row"
+
+
+@dataclass(slots=True)
+class JobSpec:
+    input: Path
+    output: Path
+    stage: StageConfig
+    rows_per_part: int = 256
+    output_format: str = "parquet"
+    workers: int = 1
+    address: str | None = None
+    batch_size: int = 64
+    max_concurrent_batches: int = 4
+    cpus_per_worker: float | None = None
+    show_progress: bool = True
+
+
+@dataclass(slots=True)
+class JobSummary:
+    num_parts: int
+    num_parts_skipped: int
+    num_rows: int
+    num_error_rows: int = 0
+    num_output_tokens: int = 0
+    output_files: list[str] = field(default_factory=list)
+
+
+def run_job(spec: JobSpec) -> JobSummary:
+    files = discover_inputs(spec.input)
+    tables = [read_table(f) for f in files]
+    manifest = JobManifest(
+        inputs=[f.name for f in files],
+        input_sizes=[f.stat().st_size for f in files],
+        rows_per_part=spec.rows_per_part,
+        output_format=spec.output_format,
+    )
+    done = open_output(spec.output, manifest)
+    parts = plan_parts([t.num_rows for t in tables], spec.rows_per_part)
+    pending = [p for p in parts if p.output_name(spec.output_format) not in done]
+    summary = JobSummary(num_parts=len(parts), num_parts_skipped=len(parts) - len(pending),
+                         num_rows=sum(t.num_rows for t in tables))
+    progress = JobProgress(summary.num_rows, summary.num_rows - sum(p.num_rows for p in pending), spec.show_progress)
+    try:
+        if spec.workers <= 1:
+            asyncio.run(_run_local(spec, tables, pending, progress, summary))
+        else:
+            _run_ray(spec, tables, pending, progress, summary)
+    finally:
+        progress.close()
+    return summary
+
+
+def _finish_part(spec: JobSpec, part: Part, table: pa.Table, progress: JobProgress, summary: JobSummary) -> None:
+    path = write_part(spec.output, part, table, spec.output_format)
+    num_errors = table.num_rows - table.column(ERROR_COLUMN).null_count
+    tokens = sum(n or 0 for n in table.column("num_generated_tokens").to_pylist())
+    summary.num_error_rows += num_errors
+    summary.num_output_tokens += tokens
+    summary.output_files.append(path.name)
+    progress.update(table.num_rows, tokens, num_errors)
+
+
+async def _run_local(spec, tables, pending: list[Part], progress, summary) -> None:
+    from batchgen_data.operators.ray_operator import BatchGenOperator
+
+    stage = spec.stage
+    operator = BatchGenOperator(**_operator_kwargs(stage))
+    # Enough parts in flight to keep the engine's running set full across part boundaries.
+    in_flight = max(2, math.ceil(operator.engine.engine.config.max_num_seqs / spec.rows_per_part) + 1)
+    queue = list(reversed(pending))
+
+    async def worker() -> None:
+        while queue:
+            part = queue.pop()
+            table = tables[part.file_index].slice(part.start_row, part.num_rows)
+            _finish_part(spec, part, await operator(table), progress, summary)
+
+    try:
+        await asyncio.gather(*(worker() for _ in range(in_flight)))
+    finally:
+        operator.engine.shutdown()
+
+
+def _run_ray(spec, tables, pending: list[Part], progress, summary) -> None:
+    import ray
+
+    from batchgen_data.operators.ray_operator import BatchGenOperator
+
+    if not pending:
+        return
+    started = not ray.is_initialized()
+    if started:
+        if spec.address:
+            ray.init(address=spec.address, log_to_driver=False)
+        else:
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+            ray.init(include_dashboard=False, log_to_driver=False,
+                     _temp_dir=tempfile.mkdtemp(prefix="batchgen-ray-"))
+    try:
+        blocks = []
+        for index, part in enumerate(pending):
+            table = tables[part.file_index].slice(part.start_row, part.num_rows)
+            table = table.append_column(_PART_COLUMN, pa.array([index] * part.num_rows, pa.int64()))
+            blocks.append(table.append_column(_ROW_COLUMN, pa.array(range(part.num_rows), pa.int64())))
+        cpus = spec.cpus_per_worker
+        if cpus is None:
+            # Leave a CPU for Ray Data's read and bookkeeping tasks: on small machines whole-CPU
+            # actors starve them and the pipeline hangs without an error.
+            total = ray.cluster_resources().get("CPU", 1)
+            cpus = max(0.25, min(1.0, (total - 1) / spec.workers))
+        stage = spec.stage
+        ds = ray.data.from_arrow(blocks).map_batches(
+            BatchGenOperator,
+            fn_constructor_kwargs=_operator_kwargs(stage),
+            batch_size=spec.batch_size,
+            batch_format="pyarrow",
+            compute=ray.data.ActorPoolStrategy(size=spec.workers, max_concurrent_calls_per_actor=spec.max_concurrent_batches),
+            num_cpus=cpus,
+        )
+        collected: dict[int, list[pa.Table]] = {}
+        seen: dict[int, set[int]] = {}
+        for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):
+            for index in set(batch.column(_PART_COLUMN).to_pylist()):
+                rows = batch.filter(pc.equal(batch.column(_PART_COLUMN), index))
+                part_seen = seen.setdefault(index, set())
+                if part_seen:  # a retried task may hand rows back twice: keep the first copy
+                    rows = rows.filter(pc.invert(pc.is_in(rows.column(_ROW_COLUMN), pa.array(sorted(part_seen)))))
+                part_seen.update(rows.column(_ROW_COLUMN).to_pylist())
+                collected.setdefault(index, []).append(rows)
+                if len(part_seen) == pending[index].num_rows:
+                    table = pa.concat_tables(collected.pop(index)).sort_by(_ROW_COLUMN)
+                    _finish_part(spec, pending[index], table.drop_columns([_PART_COLUMN, _ROW_COLUMN]), progress, summary)
+        if collected:
+            raise RuntimeError(f"{len(collected)} parts came back incomplete from Ray Data")
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _operator_kwargs(stage: StageConfig) -> dict:
+    """The stage config as ``BatchGenOperator`` keyword arguments (plain data, for Ray to ship)."""
+    kwargs = {f: getattr(stage, f) for f in StageConfig.__dataclass_fields__}
+    if stage.engine_config is not None:
+        kwargs["engine_config"] = asdict(stage.engine_config)
+    return kwargs

@@ -1,0 +1,8 @@
+"""The MoE block's parts: routers, the expert contract, where experts live, expert backends.
+
+Owns: ``router.py`` (each architecture's routing semantics), ``experts.py`` (stacked expert
+weights, activation, the backend protocol), ``store.py`` (the ``ExpertStore`` contract: which
+experts this process owns and their weights), ``native_backend.py`` and ``deepspeed_backend.py``
+(backends reading weights only through a store), ``backends.py`` (choice by name).
+May import: ``batchgen_data.model`` building blocks (layers, config), errors.
+"""

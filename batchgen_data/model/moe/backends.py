@@ -1,0 +1,23 @@
+"""Expert backends by name: ``native`` (grouped per-expert GEMM) and ``deepspeed`` (DeepSpeed-MoE)."""
+
+from __future__ import annotations
+
+from batchgen_data.errors import ConfigError
+from batchgen_data.model.moe.experts import SWIGLU, ExpertActivation, ExpertBackend
+from batchgen_data.model.moe.store import ExpertStore
+
+EXPERT_BACKENDS = ("native", "deepspeed")
+
+
+def make_expert_backend(name: str, store: ExpertStore, layer_id: int,
+                        activation: ExpertActivation = SWIGLU) -> ExpertBackend:
+    """Build the named backend over layer ``layer_id`` of ``store``."""
+    if name == "native":
+        from batchgen_data.model.moe.native_backend import NativeExperts
+
+        return NativeExperts(store, layer_id, activation)
+    if name == "deepspeed":
+        from batchgen_data.model.moe.deepspeed_backend import DeepSpeedExperts
+
+        return DeepSpeedExperts(store, layer_id, activation)
+    raise ConfigError(f"expert_backend must be one of {EXPERT_BACKENDS}, got {name!r}")

@@ -1,0 +1,115 @@
+"""DeepSpeed-MoE expert backend: the project's routing fed through ``deepspeed.moe``'s dispatch.
+
+DeepSpeed's own ``TopKGate`` cannot express these architectures' routers (no
+``norm_topk_prob=False``, no shared experts) and, with its defaults, drops 2-29% of tokens and adds
+Gumbel noise even in eval. So the ``deepspeed.moe.layer.MoE`` built here is configured with
+``drop_tokens=False``, ``use_rts=False``, ``top2_2nd_expert_sampling=False`` and no noisy gate, and
+its gate is then replaced by ``_RoutingGate``, which hands DeepSpeed the routing computed by
+``Router`` in DeepSpeed's sparse-route format with capacity = the busiest expert's load (nothing
+dropped). Dispatch, the expert loop and the combine are DeepSpeed's; with ``ep_size > 1`` its
+all-to-all (a later issue) moves tokens between ranks.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from batchgen_data.model.moe.experts import (
+    SWIGLU,
+    ExpertActivation,
+    ExpertOutput,
+    ExpertWeights,
+    expert_ffn,
+)
+from batchgen_data.model.moe.router import Routing
+from batchgen_data.model.moe.store import ExpertStore
+
+
+class _Expert(nn.Module):
+    """One expert; its weights are read from the store's answer for the current call (no copy)."""
+
+    def __init__(self, owner: DeepSpeedExperts, expert_id: int):
+        super().__init__()
+        self.owner, self.expert_id = owner, expert_id
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., C, H]
+        weights: ExpertWeights = self.owner.call_weights
+        row = weights.row(self.expert_id)
+        if row < 0:  # no token routed here this call (DeepSpeed still hands it a capacity buffer)
+            return torch.zeros_like(x)
+        shape = x.shape
+        out = expert_ffn(x.reshape(-1, shape[-1]), weights, row, self.owner.activation, F.linear)
+        return out.view(shape)
+
+
+class _RoutingGate(nn.Module):
+    """Stands in for ``TopKGate``: returns precomputed routes in DeepSpeed's sparse format."""
+
+    def __init__(self, num_experts: int):
+        super().__init__()
+        self.num_experts = num_experts
+        self.routing: Routing | None = None
+
+    def _set_ep_group(self, ep_group) -> None:  # called by MOELayer under expert parallelism
+        self.ep_group = ep_group
+
+    def forward(self, x, used_token=None, sparse_routes=True, use_tutel=False):
+        routing, self.routing = self.routing, None
+        ids = routing.topk_ids  # [S, K]
+        num_experts = self.num_experts
+        one_hot = F.one_hot(ids.reshape(-1), num_experts)  # [S*K, E], route order = token-major
+        # Position of each route in its expert's buffer: routes before it to the same expert.
+        locations = ((torch.cumsum(one_hot, dim=0) - 1) * one_hot).sum(-1).view_as(ids)  # [S, K]
+        exp_counts = one_hot.sum(0)  # [E]
+        capacity = max(int(exp_counts.max()), 1)
+        l_aux = x.new_zeros(())
+        return (
+            l_aux,
+            capacity,
+            num_experts,
+            ids.t().contiguous().to(torch.int32),  # [K, S]
+            locations.t().contiguous().to(torch.int32),  # [K, S]
+            routing.topk_weights.t().float().contiguous(),  # [K, S]
+            exp_counts,
+        )
+
+
+class DeepSpeedExperts:
+    """Expert backend running ``deepspeed.moe.layer.MoE`` (``ep_size=1`` here)."""
+
+    name = "deepspeed"
+
+    def __init__(self, store: ExpertStore, layer_id: int, activation: ExpertActivation = SWIGLU, ep_size: int = 1):
+        from deepspeed.moe.layer import MoE
+
+        self.store, self.layer_id, self.activation = store, layer_id, activation
+        num_experts = store.num_experts
+        hidden = store.weights(layer_id).w_gate_up.shape[2]
+        self.call_weights: ExpertWeights | None = None  # the store's answer for the call in flight
+        moe = MoE(
+            hidden_size=hidden,
+            expert=nn.Identity(),  # replaced below; MoE deep-copies it once per expert
+            num_experts=num_experts,
+            ep_size=ep_size,
+            k=1,
+            drop_tokens=False,
+            use_rts=False,
+            noisy_gate_policy=None,
+            top2_2nd_expert_sampling=False,
+        )
+        layer = moe.deepspeed_moe
+        layer.gate = _RoutingGate(num_experts)
+        layer.experts.deepspeed_experts = nn.ModuleList(_Expert(self, e) for e in store.owned(layer_id))
+        self.moe = moe.eval()
+
+    def __call__(self, x: torch.Tensor, routing: Routing) -> ExpertOutput:
+        counts = torch.bincount(routing.topk_ids.reshape(-1), minlength=self.store.num_experts).tolist()
+        self.call_weights = self.store.weights(self.layer_id, [e for e, n in enumerate(counts) if n])
+        self.moe.deepspeed_moe.gate.routing = routing
+        try:
+            out, _, exp_counts = self.moe(x)
+        finally:
+            self.call_weights = None
+        return ExpertOutput(hidden=out, tokens_per_expert=exp_counts.to("cpu", torch.int64))

@@ -1,0 +1,55 @@
+"""Where experts live: the ``ExpertStore`` contract and the resident store.
+
+A store answers "give me layer l's weights for experts S" and says which experts this process
+owns. The expert backends read weights only through it, so the rest of the engine does not know
+whether an expert is a resident tensor (``ResidentExpertStore``), held by another rank (expert
+parallelism: a store that owns a subset), or fetched from a slower tier into a bounded pool
+(offloading: a store that copies on demand and evicts).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from batchgen_data.model.moe.experts import ExpertWeights
+
+
+class ExpertStore(Protocol):
+    """Expert weights by (layer, experts)."""
+
+    num_experts: int  # E, every layer's expert count (global ids 0 .. E-1)
+
+    def owned(self, layer_id: int) -> tuple[int, ...]:
+        """Global ids of the experts of ``layer_id`` this process computes."""
+        ...
+
+    def weights(self, layer_id: int, expert_ids: list[int] | None = None) -> ExpertWeights:
+        """Weights holding at least ``expert_ids`` of ``layer_id`` (None: every owned one); find
+        an expert's row with ``ExpertWeights.row``. Valid until the next call for another layer."""
+        ...
+
+    def layer_ids(self) -> tuple[int, ...]:
+        """The sparse layers the store holds experts for."""
+        ...
+
+
+class ResidentExpertStore:
+    """Every expert of every sparse layer as a resident tensor in this process (zero-copy reads)."""
+
+    def __init__(self, layers: dict[int, ExpertWeights], num_experts: int):
+        self._layers = layers
+        self.num_experts = num_experts
+        self._all = tuple(range(num_experts))
+
+    def owned(self, layer_id: int) -> tuple[int, ...]:
+        return self._all
+
+    def weights(self, layer_id: int, expert_ids: list[int] | None = None) -> ExpertWeights:
+        return self._layers[layer_id]
+
+    def layer_ids(self) -> tuple[int, ...]:
+        return tuple(self._layers)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(w.nbytes for w in self._layers.values())

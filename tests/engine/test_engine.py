@@ -1,0 +1,318 @@
+"""The engine's outputs equal a per-prompt transformers run, under any batching and memory pressure."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from tiny_checkpoints import hf_greedy_continuations
+
+from batchgen_data import Engine, EngineConfig, SamplingParams
+from batchgen_data.model.kv_cache import KVCache
+
+ARCH = "qwen3_moe"
+MAX_NEW = 24
+
+
+def _workload(n: int = 12, seed: int = 0) -> tuple[list[list[int]], list[int]]:
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(4, 500) for _ in range(rng.choice([1, 3, 9, 17, 40, 70]))] for _ in range(n)]
+    max_tokens = [rng.choice([1, 5, 12, MAX_NEW]) for _ in range(n)]
+    return prompts, max_tokens
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_checkpoint):
+    """Greedy continuations from transformers, one prompt at a time."""
+    folder, hf = tiny_checkpoint(ARCH)
+    prompts, max_tokens = _workload()
+    return folder, prompts, max_tokens, hf_greedy_continuations(hf, prompts, MAX_NEW)
+
+
+def _params(max_tokens: list[int]) -> list[SamplingParams]:
+    return [SamplingParams(max_tokens=m, temperature=0, ignore_eos=True) for m in max_tokens]
+
+
+def _kv_budget(folder, num_tokens: int, block_size: int = 8) -> int:
+    from batchgen_data.model import MoEModel
+
+    specs = MoEModel.from_pretrained(folder).kv_specs
+    return KVCache.bytes_per_block(specs, block_size) * (-(-num_tokens // block_size))
+
+
+@pytest.mark.parametrize(
+    "max_num_seqs,attention_batch_size,max_num_batched_tokens",
+    [(16, 16, 512), (16, 3, 512), (5, 2, 32), (1, 1, 16)],
+)
+def test_greedy_matches_transformers_across_batch_settings(reference, max_num_seqs, attention_batch_size, max_num_batched_tokens):
+    folder, prompts, max_tokens, refs = reference
+    config = EngineConfig(
+        max_num_seqs=max_num_seqs,
+        attention_batch_size=attention_batch_size,
+        max_num_batched_tokens=max_num_batched_tokens,
+        block_size=8,
+    )
+    outs = Engine(folder, config).generate(prompts, _params(max_tokens))
+    assert [o.token_ids for o in outs] == [r[:m] for r, m in zip(refs, max_tokens)]
+    assert all(o.finish_reason == "length" and o.num_input_tokens == len(p) for o, p in zip(outs, prompts))
+
+
+@pytest.mark.parametrize("swap_space_bytes", [0, 1 << 30])
+@pytest.mark.parametrize("suspend_policy", ["most_progress", "shortest_first"])
+def test_greedy_matches_transformers_under_memory_pressure(reference, swap_space_bytes, suspend_policy):
+    folder, prompts, max_tokens, refs = reference
+    budget = _kv_budget(folder, 160)  # far below the ~600 tokens the workload holds at once
+    config = EngineConfig(
+        max_num_seqs=12,
+        attention_batch_size=4,
+        max_num_batched_tokens=64,
+        block_size=8,
+        kv_cache_memory_bytes=budget,
+        swap_space_bytes=swap_space_bytes,
+        suspend_policy=suspend_policy,
+        refill_threshold=1.0,
+    )
+    engine = Engine(folder, config)
+    outs = engine.generate(prompts, _params(max_tokens))
+    assert [o.token_ids for o in outs] == [r[:m] for r, m in zip(refs, max_tokens)]
+    stats = engine.stats()
+    assert stats.num_suspended > 0
+    if swap_space_bytes:
+        assert stats.num_resumed_swap > 0
+    else:
+        assert stats.num_resumed_recompute > 0 and stats.num_recomputed_tokens > 0
+    assert engine.blocks.num_free == engine.blocks.num_blocks  # everything given back
+
+
+def test_seeded_sampling_is_independent_of_batch_composition(reference):
+    folder, prompts, _, _ = reference
+    target = prompts[3]
+    params = SamplingParams(max_tokens=16, temperature=0.9, top_p=0.9, top_k=50, seed=1234, ignore_eos=True)
+    alone = Engine(folder, EngineConfig(block_size=8)).generate([target], params)[0].token_ids
+    others = [SamplingParams(max_tokens=10, temperature=1.0, seed=s) for s in range(len(prompts))]
+    mixed = Engine(folder, EngineConfig(block_size=8, max_num_seqs=4, attention_batch_size=2)).generate(
+        prompts[:3] + [target] + prompts[4:], others[:3] + [params] + others[4:]
+    )[3].token_ids
+    tight = EngineConfig(
+        block_size=8, max_num_seqs=12, max_num_batched_tokens=64, kv_cache_memory_bytes=_kv_budget(folder, 160)
+    )
+    pressured_engine = Engine(folder, tight)
+    pressured = pressured_engine.generate(prompts[:3] + [target] + prompts[4:], others[:3] + [params] + others[4:])
+    assert pressured_engine.stats().num_suspended > 0
+    assert alone == mixed == pressured[3].token_ids
+    assert len(alone) == 16
+    # A different seed gives a different continuation (the seed is actually used).
+    other_seed = SamplingParams(max_tokens=16, temperature=0.9, top_p=0.9, top_k=50, seed=99, ignore_eos=True)
+    assert Engine(folder, EngineConfig(block_size=8)).generate([target], other_seed)[0].token_ids != alone
+
+
+def test_invalid_requests_get_errors_and_do_not_disturb_others(reference):
+    folder, prompts, max_tokens, refs = reference
+    engine = Engine(folder, EngineConfig(block_size=8, max_model_len=128))
+    good = SamplingParams(max_tokens=max_tokens[0], temperature=0, ignore_eos=True)
+    bad_params = SamplingParams(max_tokens=4)
+    bad_params.top_p = 1.5  # mutated after construction: the engine re-validates
+    batch = [prompts[0], "", [], [1, 2, 10**6], [1, "x"], [1.5], list(range(4, 200)), prompts[0], 42]
+    params = [good, good, good, good, good, good, good, bad_params, good]
+    outs = engine.generate(batch, params)
+    assert outs[0].token_ids == refs[0][: max_tokens[0]]
+    errors = {i: o.error for i, o in enumerate(outs) if o.finish_reason == "error"}
+    assert sorted(errors) == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert "empty prompt" in errors[1] and "empty prompt" in errors[2]
+    assert "outside the vocabulary" in errors[3]
+    assert "integers" in errors[4] and "integers" in errors[5]
+    assert "context limit is 128" in errors[6]
+    assert "top_p" in errors[7]
+    assert "prompt must be" in errors[8]
+
+
+def test_request_that_can_never_fit_the_kv_budget_errors(reference):
+    folder, prompts, _, refs = reference
+    engine = Engine(folder, EngineConfig(block_size=8, kv_cache_memory_bytes=_kv_budget(folder, 64)))
+    outs = engine.generate(
+        [prompts[0], list(range(4, 70)), prompts[0]],
+        [SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)] * 3,
+    )
+    assert outs[1].finish_reason == "error" and "KV budget holds 64 tokens" in outs[1].error
+    assert outs[0].token_ids == outs[2].token_ids == refs[0][:8]
+
+
+def test_stop_rules(reference):
+    folder, prompts, _, refs = reference
+    engine = Engine(folder, EngineConfig(block_size=8))
+    ref = refs[0]
+    stop_tok = ref[5]
+    first = ref.index(stop_tok)
+    out = engine.generate([prompts[0]], SamplingParams(max_tokens=20, temperature=0, stop_token_ids=[stop_tok]))[0]
+    assert out.finish_reason == "stop" and out.token_ids == ref[: first + 1]
+    full_text = engine.tokenizer.decode(ref[:20])
+    stop_str = full_text[len(full_text) // 2 : len(full_text) // 2 + 3]
+    out = engine.generate([prompts[0]], SamplingParams(max_tokens=20, temperature=0, stop=stop_str, ignore_eos=True))[0]
+    assert out.finish_reason == "stop"
+    assert stop_str not in out.text and full_text.startswith(out.text)
+    assert out.text == full_text[: full_text.find(stop_str)]
+
+
+def test_eos_stops_unless_ignored(reference):
+    folder, prompts, _, _ = reference
+    engine = Engine(folder, EngineConfig(block_size=8))
+    # Make token 2 (eos) win by reading the model's own greedy choice and declaring it eos.
+    first = engine.generate([prompts[1]], SamplingParams(max_tokens=1, temperature=0))[0].token_ids[0]
+    engine.scheduler.eos_token_ids = frozenset({first})
+    assert engine.generate([prompts[1]], SamplingParams(max_tokens=5, temperature=0))[0].finish_reason == "stop"
+    out = engine.generate([prompts[1]], SamplingParams(max_tokens=5, temperature=0, ignore_eos=True))[0]
+    assert out.finish_reason == "length" and out.num_generated_tokens == 5
+
+
+def test_generation_stops_at_max_model_len(reference):
+    folder, prompts, _, refs = reference
+    engine = Engine(folder, EngineConfig(block_size=8, max_model_len=len(prompts[0]) + 4))
+    out = engine.generate([prompts[0]], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))[0]
+    assert out.finish_reason == "length" and out.token_ids == refs[0][:4]
+
+
+def test_stream_yields_every_output_once(reference):
+    folder, prompts, max_tokens, refs = reference
+    engine = Engine(folder, EngineConfig(block_size=8))
+    seen = {o.request_id: o for o in engine.stream(prompts, _params(max_tokens))}
+    assert len(seen) == len(prompts)
+    by_tokens = sorted(o.token_ids for o in seen.values())
+    assert by_tokens == sorted(r[:m] for r, m in zip(refs, max_tokens))
+
+
+def test_exported_sequence_continues_identically_in_another_engine(reference):
+    folder, prompts, _, refs = reference
+    config = EngineConfig(block_size=8, max_num_seqs=2)
+    source = Engine(folder, config)
+    seqs = [source.add_request(p, SamplingParams(max_tokens=MAX_NEW, temperature=0, ignore_eos=True)) for p in prompts[:4]]
+    for _ in range(6):
+        source.step()
+    moved = [s for s in seqs if s.status.name == "WAITING"]
+    assert moved, "some sequences should still be waiting with max_num_seqs=2"
+    target = Engine(folder, config)
+    imported = [target.import_sequence(source.export_sequence(s)) for s in moved]
+    done = {}
+    while target.has_unfinished_requests():
+        for s in target.step():
+            done[s.request_id] = s.output_token_ids
+    for seq, new in zip(moved, imported):
+        assert done[new.request_id] == refs[prompts.index(seq.prompt_token_ids)]
+
+
+def test_suspended_sequence_migrates_mid_generation(reference):
+    folder, prompts, _, refs = reference
+    tight = EngineConfig(
+        block_size=8, max_num_seqs=12, max_num_batched_tokens=64, kv_cache_memory_bytes=_kv_budget(folder, 160)
+    )
+    source = Engine(folder, tight)
+    params = SamplingParams(max_tokens=MAX_NEW, temperature=0, ignore_eos=True)
+    seqs = [source.add_request(p, params) for p in prompts]
+    moved = []
+    while source.has_unfinished_requests() and not moved:
+        source.step()
+        moved = [s for s in source.scheduler.suspended if s.output_token_ids]
+    assert moved, "memory pressure should suspend a sequence that has generated tokens"
+    target = Engine(folder, EngineConfig(block_size=8))
+    pairs = [(s, target.import_sequence(source.export_sequence(s))) for s in moved]
+    rest = {}
+    while source.has_unfinished_requests():
+        for s in source.step():
+            rest[s.request_id] = s.output_token_ids
+    done = {}
+    while target.has_unfinished_requests():
+        for s in target.step():
+            done[s.request_id] = s.output_token_ids
+    for old, new in pairs:
+        assert done[new.request_id] == refs[prompts.index(old.prompt_token_ids)]
+    for s in seqs:
+        if s.request_id in rest:
+            assert rest[s.request_id] == refs[prompts.index(s.prompt_token_ids)]
+
+
+@pytest.mark.parametrize("with_kv", [True, False], ids=["kv-shipped", "kv-recomputed"])
+def test_running_sequence_migrates_mid_generation(reference, with_kv):
+    folder, prompts, _, refs = reference
+    source = Engine(folder, EngineConfig(block_size=8))
+    params = SamplingParams(max_tokens=MAX_NEW, temperature=0, ignore_eos=True)
+    seqs = [source.add_request(p, params) for p in prompts[:6]]
+    for _ in range(7):
+        source.step()
+    moved = [s for s in seqs if s.status.name == "RUNNING" and s.output_token_ids][:3]
+    assert len(moved) == 3
+    used = source.blocks.num_used
+    states = [source.export_sequence(s, with_kv=with_kv) for s in moved]
+    assert source.blocks.num_used < used  # the moved sequences' pages are free again
+    assert all((st.kv is not None) == with_kv for st in states)
+    target = Engine(folder, EngineConfig(block_size=8))
+    imported = [target.import_sequence(st) for st in states]
+    done = {}
+    for engine in (source, target):
+        while engine.has_unfinished_requests():
+            for s in engine.step():
+                done[(engine is target, s.request_id)] = s.output_token_ids
+    for old, new in zip(moved, imported):
+        assert done[(True, new.request_id)] == refs[prompts.index(old.prompt_token_ids)]
+    for s in seqs:
+        if s not in moved:
+            assert done[(False, s.request_id)] == refs[prompts.index(s.prompt_token_ids)]
+    recomputed = target.scheduler.stats.num_recomputed_tokens
+    assert (recomputed == 0) == with_kv  # shipped KV is restored, not rebuilt
+
+
+def test_async_migrate_out_hands_stragglers_to_another_engine(reference):
+    import asyncio
+    from functools import partial
+
+    from batchgen_data.distributed.migration import MigrationCosts
+    from batchgen_data.engine.async_engine import AsyncEngine, MigratedOut
+
+    folder, prompts, _, refs = reference
+    source, target = (AsyncEngine(Engine(folder, EngineConfig(block_size=8))) for _ in range(2))
+    lengths = [MAX_NEW if i % 2 else 2 for i in range(len(prompts))]
+
+    async def job():
+        calls = [asyncio.ensure_future(source.run_one(p, SamplingParams(max_tokens=m, temperature=0, ignore_eos=True)))
+                 for p, m in zip(prompts, lengths)]
+        while source.engine.stats().num_forwards < 4:
+            await asyncio.sleep(0.01)
+        moved = await source.migrate_out(3, partial(MigrationCosts.of_engine, transfer_bytes_per_s=1e12, latency_s=0.0))
+        results = await asyncio.gather(*calls)
+        finals = []
+        for result in results:
+            if isinstance(result, MigratedOut):
+                result = await target.run_one(None, None, state=result.state)
+            finals.append(result)
+        return moved, results, finals
+
+    try:
+        moved, results, finals = asyncio.run(job())
+    finally:
+        source.shutdown(), target.shutdown()
+    migrated = [i for i, r in enumerate(results) if isinstance(r, MigratedOut)]
+    assert moved == len(migrated) >= 1
+    assert all(lengths[i] == MAX_NEW for i in migrated)  # stragglers go, nearly finished rows stay
+    for i, out in enumerate(finals):
+        assert out.token_ids == refs[i][: lengths[i]]
+
+
+def test_async_callers_share_one_engine(reference):
+    import asyncio
+
+    from batchgen_data.engine.async_engine import AsyncEngine
+
+    folder, prompts, max_tokens, refs = reference
+    aengine = AsyncEngine(Engine(folder, EngineConfig(block_size=8, collect_timeline=True)))
+
+    async def main():
+        half = len(prompts) // 2
+        first = aengine.generate(prompts[:half], _params(max_tokens[:half]))
+        second = aengine.generate(prompts[half:], _params(max_tokens[half:]))
+        return await asyncio.gather(first, second)
+
+    try:
+        a, b = asyncio.run(main())
+    finally:
+        aengine.shutdown()
+    assert [o.token_ids for o in a + b] == [r[:m] for r, m in zip(refs, max_tokens)]
+    # Both callers' requests ran in the same forwards at some point.
+    assert max(step["num_running"] for step in aengine.engine.timeline) > len(prompts) // 2

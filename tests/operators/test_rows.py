@@ -1,0 +1,86 @@
+"""Row bookkeeping and batch formats, without a cluster."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+from batchgen_data.operators import OUTPUT_COLUMNS
+from batchgen_data.operators.batch_format import OUTPUT_SCHEMA
+from batchgen_data.operators.rows import RowError, StageConfig, prepare_rows
+
+from batchgen_data import BatchGenMap, BatchGenOperator
+
+from stage_rows import ENGINE_CONFIG, MAX_TOKENS, check_output_rows, mixed_rows
+
+
+def test_output_schema_names_the_output_columns():
+    assert tuple(OUTPUT_SCHEMA.names) == OUTPUT_COLUMNS
+
+
+def test_prepare_rows_turns_bad_rows_into_errors():
+    rows = mixed_rows()
+    columns = {k: [r[k] for r in rows] for k in rows[0]}
+    prepared = prepare_rows(columns, len(rows), StageConfig(max_tokens=5))
+    errors = {rows[p.index]["id"]: p.error for p in prepared if p.error}
+    assert set(errors) == {100, 101, 102, 103}
+    assert "empty prompt" in errors[100] and "missing prompt" in errors[101]
+    assert "top_p" in errors[102] and "max_tokens" in errors[103]
+    good = [p for p in prepared if p.error is None]
+    assert all(p.params.max_tokens in (5, 3, 12) for p in good)
+
+
+def test_missing_prompt_column_is_a_config_error():
+    with pytest.raises(ValueError, match="none of the prompt columns"):
+        prepare_rows({"text": ["a"]}, 1, StageConfig())
+    with pytest.raises(ValueError, match="temperature"):
+        StageConfig(temperature=-1.0)
+
+
+@pytest.fixture(scope="module")
+def operator(demo_path):
+    op = BatchGenOperator(model=str(demo_path), engine_config=ENGINE_CONFIG, max_tokens=MAX_TOKENS)
+    yield op
+    op.engine.shutdown()
+
+
+@pytest.mark.parametrize("fmt", ["pyarrow", "pandas", "numpy"])
+def test_operator_call_in_every_batch_format(operator, reference_outputs, fmt):
+    rows = mixed_rows()
+    table = pa.Table.from_pylist(rows)
+    batch = {"pyarrow": table, "pandas": table.to_pandas(), "numpy": {k: np.array([r[k] for r in rows], dtype=object) if k != "id" else np.array([r[k] for r in rows]) for k in rows[0]}}[fmt]
+    out = asyncio.run(operator(batch))
+    if fmt == "pyarrow":
+        assert isinstance(out, pa.Table) and out.schema.field("generated_tokens").type == pa.list_(pa.int64())
+        out_rows = out.to_pylist()
+    elif fmt == "pandas":
+        assert isinstance(out, pd.DataFrame)
+        out_rows = [{k: (None if v is pd.NA else v) for k, v in r.items()} for r in out.to_dict("records")]
+    else:
+        assert isinstance(out, dict) and all(isinstance(v, np.ndarray) for v in out.values())
+        out_rows = [{k: out[k][i] for k in out} for i in range(len(rows))]
+    assert [r["id"] for r in out_rows] == [r["id"] for r in rows]  # one row per row, in order
+    assert all(set(OUTPUT_COLUMNS) <= set(r) for r in out_rows)
+    check_output_rows(out_rows, reference_outputs)
+
+
+def test_should_continue_on_error_false_raises(demo_path):
+    op = BatchGenOperator(model=str(demo_path), engine_config=ENGINE_CONFIG, max_tokens=MAX_TOKENS,
+                          should_continue_on_error=False)
+    try:
+        with pytest.raises(RowError, match="empty prompt"):
+            asyncio.run(op(pa.Table.from_pylist([{"prompt": "fine"}, {"prompt": ""}])))
+    finally:
+        op.engine.shutdown()
+
+
+def test_datasets_map_callable_pickles_as_config(demo_path):
+    import pickle
+
+    fn = BatchGenMap(model=str(demo_path), engine_config=ENGINE_CONFIG, max_tokens=MAX_TOKENS)
+    blob = pickle.dumps(fn)
+    assert len(blob) < 2000  # the config, never weights
+    assert pickle.dumps(pickle.loads(blob)) == blob
