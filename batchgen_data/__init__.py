@@ -26,14 +26,33 @@ _EXPORTS = {
     "BatchGenOperator": "batchgen_data.operators",
     "BatchGenMap": "batchgen_data.operators",
 }
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "BatchGenError",
+    "BatchGenMap",
+    "BatchGenOperator",
+    "CheckpointError",
+    "ConfigError",
+    "Engine",
+    "EngineConfig",
+    "EngineDeadError",
+    "EngineStats",
+    "GenerationOutput",
+    "RequestError",
+    "SamplingParams",
+]
 
 if TYPE_CHECKING:
     from batchgen_data.config import EngineConfig
     from batchgen_data.engine.engine import Engine, EngineStats
     from batchgen_data.engine.outputs import GenerationOutput
     from batchgen_data.engine.sampling_params import SamplingParams
-    from batchgen_data.errors import BatchGenError, CheckpointError, ConfigError, EngineDeadError, RequestError
+    from batchgen_data.errors import (
+        BatchGenError,
+        CheckpointError,
+        ConfigError,
+        EngineDeadError,
+        RequestError,
+    )
     from batchgen_data.operators import BatchGenMap, BatchGenOperator
 
 

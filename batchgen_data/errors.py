@@ -13,8 +13,9 @@ class CheckpointError(BatchGenError, ValueError):
     """A model checkpoint folder is missing files or holds tensors of unexpected shape."""
 
 
-class UnsupportedModelError(BatchGenError, NotImplementedError):
-    """The checkpoint's architecture or one of its options is not implemented."""
+class UnsupportedModelError(CheckpointError, NotImplementedError):
+    """The checkpoint's architecture or one of its options is not implemented (the message names
+    the field and the supported values)."""
 
 
 class RequestError(BatchGenError, ValueError):

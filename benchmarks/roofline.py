@@ -60,7 +60,7 @@ def measure_matmul_rates(hidden: int, ffn: int, rows: int = 1024, dtype=torch.fl
 def decode_flops_per_token(config: ModelConfig, context_len: int) -> float:
     """Matmul FLOPs of one decoded token: active weights (top-k experts, lm_head) plus attention."""
     weights = 2.0 * config.active_params_per_token
-    attention = 4.0 * config.num_hidden_layers * config.num_attention_heads * config.head_dim * context_len
+    attention = float(config.num_hidden_layers * config.attention_flops_per_key * context_len)
     return weights + attention
 
 
@@ -102,14 +102,14 @@ def step_floor_seconds(step: dict, config: ModelConfig, gflops: float, bandwidth
     layers = config.num_hidden_layers
     flops = 2.0 * step["num_tokens"] * (config.active_params_per_token - vocab * h)  # all but the lm_head
     flops += 2.0 * step["num_sampled"] * vocab * h
-    flops += 4.0 * layers * config.num_attention_heads * config.head_dim * step["attended_keys"]
+    flops += float(layers * config.attention_flops_per_key * step["attended_keys"])
     # Bytes: every weight but the embedding table(s) and the routed experts, read each forward;
     # each expert that ran, once (the FLOPs count top-k experts per token); the lm_head to sample.
     num_sparse = sum(config.is_sparse_layer(i) for i in range(layers))
     tables = vocab * h * (1 if config.tie_word_embeddings else 2)
     weights = config.num_params - tables - num_sparse * config.num_experts * 3 * h * ffn
     weights += step["expert_calls"] * 3 * h * ffn + (vocab * h if step["num_sampled"] else 0)
-    kv = 2 * layers * config.num_key_value_heads * config.head_dim * step["context_tokens"]
+    kv = config.kv_values_per_token * step["context_tokens"]  # every layer's KV (``KVSpec``s)
     nbytes = dtype_bytes * (weights + kv)
     return max(flops / (gflops * 1e9), nbytes / (bandwidth_gbs * 1e9))
 

@@ -33,7 +33,7 @@ from benchmarks.roofline import (  # noqa: E402
     measure_memory_bandwidth,
     step_floor_seconds,
 )
-from benchmarks.workload import build_bench_model, make_workload, percentile  # noqa: E402
+from benchmarks.workload import BENCH_MODELS, build_bench_model, make_workload, percentile  # noqa: E402
 
 
 def run_batchgen(folder: Path, workload, args) -> dict:
@@ -78,6 +78,7 @@ def run_batchgen(folder: Path, workload, args) -> dict:
         "mean_steady_batch": statistics.mean(s["num_sampled"] for s in steady) if steady else 0,
         "mean_tokens_per_expert_call": (stats.mean_tokens_per_expert_call),
         "runtime_overhead": 1.0 - kernel / busy if busy else 0.0,
+        "kv_bytes_per_token": engine.scheduler.kv_bytes_per_token,
         "outputs": [o.token_ids for o in outputs],
         "timeline": timeline,
         "engine_timeline": engine.timeline,
@@ -86,6 +87,8 @@ def run_batchgen(folder: Path, workload, args) -> dict:
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arch", choices=sorted(BENCH_MODELS), default="mixtral",
+                        help="the benchmark model's family (deepseek_v3: MLA, grouped sigmoid routing)")
     parser.add_argument("--requests", type=int, default=512)
     parser.add_argument("--p95-output", type=int, default=64)
     parser.add_argument("--median-prompt", type=int, default=48)
@@ -107,8 +110,8 @@ def main(argv=None) -> dict:
         args.requests = 256
     torch.manual_seed(0)
     cache = Path(os.environ.get("BATCHGEN_DATA_CACHE", Path.home() / ".cache" / "batchgen-data"))
-    folder = cache / "bench-mixtral-206m"
-    hf_model = build_bench_model(folder)
+    folder = cache / BENCH_MODELS[args.arch][0]
+    hf_model = build_bench_model(folder, arch=args.arch)
     mcfg = ModelConfig.from_pretrained(folder)
     workload = make_workload(args.requests, args.p95_output, args.median_prompt, mcfg.vocab_size)
     lens = workload.output_lens
@@ -133,11 +136,14 @@ def main(argv=None) -> dict:
     print(f"{baselines[-1].name}: {baselines[-1].tokens_per_s:.1f} tok/s in {baselines[-1].wall_s:.1f}s", flush=True)
     if not args.skip_continuous:
         # Bounded memory: transformers' CB defaults take about half the RAM.
-        baselines.append(
-            run_continuous(hf_model, workload.prompts, lens, num_blocks=args.hf_cb_num_blocks,
-                           max_batch_tokens=args.hf_cb_max_batch_tokens, block_size=16)
-        )
-        print(f"{baselines[-1].name}: {baselines[-1].tokens_per_s:.1f} tok/s in {baselines[-1].wall_s:.1f}s", flush=True)
+        try:
+            baselines.append(
+                run_continuous(hf_model, workload.prompts, lens, num_blocks=args.hf_cb_num_blocks,
+                               max_batch_tokens=args.hf_cb_max_batch_tokens, block_size=16)
+            )
+            print(f"{baselines[-1].name}: {baselines[-1].tokens_per_s:.1f} tok/s in {baselines[-1].wall_s:.1f}s", flush=True)
+        except Exception as err:  # not every architecture runs under transformers' CB
+            print(f"hf-continuous: not runnable for {args.arch}: {type(err).__name__}: {err}", flush=True)
     for b in baselines:
         results[b.name] = {
             "name": b.name, "wall_s": b.wall_s, "num_output_tokens": b.num_output_tokens,
@@ -180,10 +186,15 @@ def main(argv=None) -> dict:
         "run_fraction_of_roofline": floor_s / ours["wall_s"],
     }
     _print_table(results, summary)
+    print(f"KV cache: {ours['kv_bytes_per_token']} bytes per token (all layers); per-head K and V would take "
+          f"{_expanded_kv_bytes(mcfg)}")
     args.out.mkdir(parents=True, exist_ok=True)
     report = {
         "args": {k: str(v) for k, v in vars(args).items()},
         "model_params": mcfg.num_params,
+        "arch": args.arch,
+        "kv_bytes_per_token": ours["kv_bytes_per_token"],
+        "kv_bytes_per_token_expanded": _expanded_kv_bytes(mcfg),
         "output_lengths": {"total": sum(lens), "p50": percentile(lens, .5), "p95": percentile(lens, .95),
                            "p99": percentile(lens, .99), "max": max(lens)},
         "summary": summary,
@@ -193,6 +204,15 @@ def main(argv=None) -> dict:
     _plot(results, args.out / "throughput_timeline.png")
     print(f"wrote {args.out / 'throughput.json'} and {args.out / 'throughput_timeline.png'}")
     return report
+
+
+def _expanded_kv_bytes(config: ModelConfig, dtype_bytes: int = 4) -> int:
+    """What per-head K and V would take per token (all layers): MLA's comparison point."""
+    if config.mla is None:
+        return config.kv_values_per_token * dtype_bytes
+    mla = config.mla
+    per_layer = config.num_attention_heads * (mla.qk_head_dim + mla.v_head_dim)
+    return per_layer * config.num_hidden_layers * dtype_bytes
 
 
 # Decode phases by running-set size: where the wall time of a skewed batch goes.

@@ -27,6 +27,38 @@ BENCH_MODEL_CONFIG = dict(
     bos_token_id=1,
     eos_token_id=2,
 )
+# A DeepSeek-V3-shaped model of similar size: MLA (latent 256 + RoPE key 32 per token and layer),
+# a leading dense layer, 16 routed experts in 4 groups (top-2 groups, top-4 experts) and a shared
+# expert, sigmoid noaux_tc routing with a correction bias.
+BENCH_DEEPSEEK_V3_CONFIG = dict(
+    model_type="deepseek_v3",
+    vocab_size=32000,
+    hidden_size=768,
+    intermediate_size=2048,
+    moe_intermediate_size=512,
+    num_hidden_layers=4,
+    first_k_dense_replace=1,
+    num_attention_heads=12,
+    num_key_value_heads=12,
+    q_lora_rank=384,
+    kv_lora_rank=256,
+    qk_nope_head_dim=64,
+    qk_rope_head_dim=32,
+    v_head_dim=64,
+    n_routed_experts=16,
+    n_shared_experts=1,
+    num_experts_per_tok=4,
+    n_group=4,
+    topk_group=2,
+    routed_scaling_factor=2.5,
+    norm_topk_prob=True,
+    max_position_embeddings=4096,
+    rms_norm_eps=1e-6,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+BENCH_MODELS = {"mixtral": ("bench-mixtral-206m", BENCH_MODEL_CONFIG),
+                "deepseek_v3": ("bench-deepseek-v3-mla", BENCH_DEEPSEEK_V3_CONFIG)}
 
 
 @dataclass(slots=True)
@@ -84,17 +116,22 @@ def _norm_ppf(p: float) -> float:
     return (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q / (((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1)
 
 
-def build_bench_model(folder: Path, seed: int = 0):
-    """The benchmark MoE (Mixtral layout, ~206 M parameters, fp32), saved once into ``folder``."""
+def build_bench_model(folder: Path, seed: int = 0, arch: str = "mixtral"):
+    """The benchmark MoE of ``arch`` (``BENCH_MODELS``; Mixtral: ~206 M parameters), fp32,
+    saved once into ``folder``."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    spec = dict(BENCH_MODEL_CONFIG)
+    spec = dict(BENCH_MODELS[arch][1])
     config = AutoConfig.for_model(spec.pop("model_type"), **spec)
     if (folder / "config.json").is_file():
         return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # random routers pick groups by it too
+                buffer.normal_(0.0, 0.02)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(folder))
     return model

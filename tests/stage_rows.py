@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 ENGINE_CONFIG = {"max_num_seqs": 32, "attention_batch_size": 16, "max_num_batched_tokens": 512}
 MAX_TOKENS = 8
 

@@ -63,6 +63,55 @@ ARCHITECTURES = {
         tie_word_embeddings=True,
     ),
 }
+_MLA = dict(num_key_value_heads=4, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
+            moe_intermediate_size=32, intermediate_size=96, n_shared_experts=1, first_k_dense_replace=1)
+# The families added for reach, one entry per router variant and attention switch.
+ARCHITECTURES.update({
+    # DeepSeek-V3: low-rank q, interleaved RoPE, YaRN with mscale (softmax scale), noaux_tc routing
+    # over 4 groups keeping 2, a shared expert, a leading dense layer.
+    "deepseek_v3": dict(
+        model_type="deepseek_v3", **_MLA, q_lora_rank=24, n_routed_experts=8, n_group=4, topk_group=2,
+        norm_topk_prob=True, routed_scaling_factor=2.5, rope_interleave=True,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
+                         "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32.0, "beta_slow": 1.0},
+    ),
+    # DeepSeek-V3 switches off: plain q_proj, rotate-half RoPE, default rope, one group, no renormalisation.
+    "deepseek_v3_plain": dict(
+        model_type="deepseek_v3", **_MLA, q_lora_rank=None, n_routed_experts=6, n_group=1, topk_group=1,
+        norm_topk_prob=False, routed_scaling_factor=1.0, rope_interleave=False,
+    ),
+    # DeepSeek-V2-Lite: no q LoRA, greedy softmax routing, scaled weights.
+    "deepseek_v2": dict(
+        model_type="deepseek_v2", **_MLA, q_lora_rank=None, n_routed_experts=6, topk_method="greedy",
+        routed_scaling_factor=1.5,
+    ),
+    # DeepSeek-V2: low-rank q, group-limited greedy routing (4 groups, keep 2), YaRN.
+    "deepseek_v2_group": dict(
+        model_type="deepseek_v2", **_MLA, q_lora_rank=24, n_routed_experts=8, topk_method="group_limited_greedy",
+        n_group=4, topk_group=2,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
+                         "mscale": 0.707, "mscale_all_dim": 0.707, "beta_fast": 32.0, "beta_slow": 1.0},
+    ),
+    # GLM-4.5: q/k/v biases, half the head rotated, q/k norm, noaux_tc over 2 groups keeping 1,
+    # a shared expert, a leading dense layer.
+    "glm4_moe": dict(
+        model_type="glm4_moe", head_dim=16, partial_rotary_factor=0.5, use_qk_norm=True, attention_bias=True,
+        n_routed_experts=8, n_group=2, topk_group=1, n_shared_experts=1, first_k_dense_replace=1,
+        moe_intermediate_size=32, intermediate_size=96, norm_topk_prob=True, routed_scaling_factor=1.5,
+    ),
+    # GLM-4.5 without q/k norm and without a shared expert or dense layer.
+    "glm4_moe_plain": dict(
+        model_type="glm4_moe", head_dim=16, partial_rotary_factor=0.5, use_qk_norm=False, attention_bias=False,
+        n_routed_experts=6, n_group=1, topk_group=1, n_shared_experts=0, first_k_dense_replace=0,
+        moe_intermediate_size=32, intermediate_size=96, norm_topk_prob=False,
+    ),
+    # gpt-oss: sinks, sliding (window 6) / full alternation, biases everywhere, top-k-then-softmax
+    # router, clamped SwiGLU (a low limit so the clamp bites), YaRN.
+    "gpt_oss": dict(
+        model_type="gpt_oss", head_dim=16, num_local_experts=4, intermediate_size=64, sliding_window=6,
+        swiglu_limit=1.0, num_hidden_layers=4,
+    ),
+})
 ALL_ARCHS = list(ARCHITECTURES)
 
 CHAT_TEMPLATE = (
@@ -117,6 +166,9 @@ def build_checkpoint(arch: str, folder: Path, seed: int = 0, std: float = 0.15, 
                 param.copy_(1.0 + 0.1 * torch.randn_like(param))
             else:
                 param.normal_(0.0, std)
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # choice-only bias: nonzero, so it matters
+                buffer.normal_(0.0, 0.1)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(folder))
     tokenizer = build_tokenizer(folder)

@@ -53,8 +53,11 @@ class PromptTokenizer:
         for m in messages:
             if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
                 raise RequestError(f"each message needs string 'role' and 'content', got {m!r}")
-        # transformers 5: tokenize=True returns a dict with input_ids.
-        out = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        try:
+            # transformers 5: tokenize=True returns a dict with input_ids.
+            out = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        except Exception as err:  # a template's raise_exception() or a jinja error: this row's fault
+            raise RequestError(f"the chat template rejected the messages: {err}") from None
         return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:

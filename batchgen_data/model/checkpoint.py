@@ -1,8 +1,10 @@
 """Read a Hugging Face checkpoint folder's safetensors into per-module weight tensors.
 
-Accepts one file or an index of shards, per-expert expert keys (Mixtral ``w1/w2/w3``, Qwen/OLMoE
-``gate_proj/up_proj/down_proj``) and fused 3-D expert tensors (``gate_up_proj`` [E, 2F, H] and
-``down_proj`` [E, H, F], or their transposes).
+Accepts one file or an index of shards; per-expert expert keys (Mixtral ``w1/w2/w3``, Qwen /
+OLMoE / DeepSeek / GLM ``gate_proj/up_proj/down_proj``), fused 3-D expert tensors
+(``gate_up_proj`` [E, 2F, H] and ``down_proj`` [E, H, F], or their transposes), gpt-oss's
+[E, in, out] experts with interleaved gate/up columns and biases, and gpt-oss's MXFP4 experts
+(``*_blocks`` / ``*_scales``, dequantized tensor by tensor at load).
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from safetensors import safe_open
 from batchgen_data.errors import CheckpointError
 from batchgen_data.model.config import ModelConfig
 from batchgen_data.model.moe.experts import ExpertWeights
+from batchgen_data.model.mxfp4 import dequantize_mxfp4
 
 _MOE_PREFIXES = ("mlp", "block_sparse_moe")
+_ROUTER_NAMES = ("gate", "router")
 _CPU_ALIGNMENT = 64  # bytes; torch's CPU allocator aligns to this
 # (gate, up, down) names of per-expert projections.
 _EXPERT_NAMES = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
@@ -37,16 +41,36 @@ class CheckpointReader:
             files = sorted(p.name for p in self.folder.glob("*.safetensors"))
         if not files:
             raise CheckpointError(f"no *.safetensors files in checkpoint folder {str(folder)!r}")
-        self._handles = [safe_open(str(self.folder / f), framework="pt") for f in files]
+        self._handles = [self._open(f) for f in files]
         self._where = {key: h for h in self._handles for key in h.keys()}
+
+    def _open(self, name: str):
+        path = self.folder / name
+        try:
+            return safe_open(str(path), framework="pt")
+        except FileNotFoundError:
+            raise CheckpointError(f"checkpoint shard {str(path)!r} is missing (named by the index)") from None
+        except Exception as err:  # safetensors raises its own error type for a truncated or corrupt file
+            raise CheckpointError(f"checkpoint shard {str(path)!r} cannot be read: {err}") from None
 
     def has(self, name: str) -> bool:
         return name in self._where
 
-    def get(self, name: str) -> torch.Tensor:
+    def raw(self, name: str) -> torch.Tensor:
+        """The tensor as stored (dtype and all), on the host."""
         if name not in self._where:
             raise CheckpointError(f"tensor {name!r} missing from checkpoint {str(self.folder)!r}")
-        tensor = self._where[name].get_tensor(name).to(device=self.device, dtype=self.dtype)
+        try:
+            return self._where[name].get_tensor(name)
+        except Exception as err:  # a truncated file fails only when the tensor is read
+            raise CheckpointError(f"tensor {name!r} of checkpoint {str(self.folder)!r} cannot be read: {err}") from None
+
+    def get(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The tensor in the engine's dtype (or ``dtype``) on the engine's device."""
+        return self.place(self.raw(name), dtype)
+
+    def place(self, tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        tensor = tensor.to(device=self.device, dtype=dtype or self.dtype)
         if tensor.device.type == "cpu" and tensor.data_ptr() % _CPU_ALIGNMENT:
             # MKL's GEMM rounds differently on unaligned operands: an owned (aligned) copy makes
             # results independent of where a tensor sat in its file.
@@ -59,34 +83,52 @@ class CheckpointReader:
                 return self.get(name)
         raise CheckpointError(f"none of {list(names)} in checkpoint {str(self.folder)!r}")
 
-    def optional(self, name: str) -> torch.Tensor | None:
-        return self.get(name) if name in self._where else None
+    def optional(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor | None:
+        return self.get(name, dtype) if name in self._where else None
 
 
 def read_attention(reader: CheckpointReader, layer_id: int) -> dict[str, torch.Tensor]:
+    """GQA: q/k/v/o projections, their biases, q/k norms and sinks, where the checkpoint has them."""
     p = f"model.layers.{layer_id}.self_attn"
     weights = {n: reader.get(f"{p}.{n}_proj.weight") for n in ("q", "k", "v", "o")}
-    for n in ("q", "k", "v", "o"):
-        bias = reader.optional(f"{p}.{n}_proj.bias")
-        if bias is not None:
-            weights[f"{n}_bias"] = bias
-    for n in ("q_norm", "k_norm"):
-        norm = reader.optional(f"{p}.{n}.weight")
-        if norm is not None:
-            weights[n] = norm
+    weights.update(_optional(reader, {f"{n}_bias": f"{p}.{n}_proj.bias" for n in ("q", "k", "v", "o")}))
+    weights.update(_optional(reader, {"q_norm": f"{p}.q_norm.weight", "k_norm": f"{p}.k_norm.weight",
+                                      "sinks": f"{p}.sinks"}))
     return weights
 
 
-def moe_prefix(reader: CheckpointReader, layer_id: int) -> str:
+def read_mla_attention(reader: CheckpointReader, layer_id: int) -> dict[str, torch.Tensor]:
+    """MLA: the low-rank query path (or q_proj), kv_a_proj_with_mqa, the latent's norm, kv_b, o."""
+    p = f"model.layers.{layer_id}.self_attn"
+    names = {"q_a": "q_a_proj.weight", "q_a_norm": "q_a_layernorm.weight", "q_b": "q_b_proj.weight",
+             "q": "q_proj.weight", "q_a_bias": "q_a_proj.bias", "kv_a_bias": "kv_a_proj_with_mqa.bias",
+             "o_bias": "o_proj.bias"}
+    weights = _optional(reader, {k: f"{p}.{v}" for k, v in names.items()})
+    if "q" not in weights and not {"q_a", "q_a_norm", "q_b"} <= set(weights):
+        raise CheckpointError(f"{p}: neither q_proj nor q_a_proj/q_a_layernorm/q_b_proj")
+    weights.update(kv_a=reader.get(f"{p}.kv_a_proj_with_mqa.weight"), kv_a_norm=reader.get(f"{p}.kv_a_layernorm.weight"),
+                   kv_b=reader.get(f"{p}.kv_b_proj.weight"), o=reader.get(f"{p}.o_proj.weight"))
+    return weights
+
+
+def _optional(reader: CheckpointReader, names: dict[str, str]) -> dict[str, torch.Tensor]:
+    return {key: reader.get(name) for key, name in names.items() if reader.has(name)}
+
+
+def moe_prefix(reader: CheckpointReader, layer_id: int) -> tuple[str, str]:
+    """(MoE block prefix, router name) of a sparse layer."""
     for name in _MOE_PREFIXES:
-        prefix = f"model.layers.{layer_id}.{name}"
-        if reader.has(f"{prefix}.gate.weight"):
-            return prefix
-    raise CheckpointError(f"layer {layer_id}: no router weight (mlp.gate / block_sparse_moe.gate)")
+        for router in _ROUTER_NAMES:
+            prefix = f"model.layers.{layer_id}.{name}"
+            if reader.has(f"{prefix}.{router}.weight"):
+                return prefix, router
+    raise CheckpointError(f"layer {layer_id}: no router weight (mlp.gate / mlp.router / block_sparse_moe.gate)")
 
 
 def read_experts(reader: CheckpointReader, prefix: str, config: ModelConfig) -> ExpertWeights:
-    """Stack layer experts into [E, 2F, H] / [E, H, F], whatever the checkpoint's layout."""
+    """Stack a layer's experts into [E, 2F, H] / [E, H, F], whatever the checkpoint's layout."""
+    if config.expert_layout == "in_out":
+        return _read_in_out_experts(reader, f"{prefix}.experts", config)
     e_count, hidden, ffn = config.num_experts, config.hidden_size, config.moe_intermediate_size
     p = f"{prefix}.experts"
     if reader.has(f"{p}.gate_up_proj") or reader.has(f"{p}.gate_proj"):
@@ -108,6 +150,29 @@ def read_experts(reader: CheckpointReader, prefix: str, config: ModelConfig) -> 
                 down.append(reader.get(f"{p}.{e}.{down_name}.weight"))  # [H, F]
             return ExpertWeights(w_gate_up=torch.stack(gate_up), w_down=torch.stack(down))
     raise CheckpointError(f"no expert weights under {p!r} (per-expert or fused)")
+
+
+def _read_in_out_experts(reader: CheckpointReader, p: str, config: ModelConfig) -> ExpertWeights:
+    """gpt-oss: ``gate_up_proj`` [E, H, 2F] with gate and up in alternate columns, ``down_proj``
+    [E, F, H], biases ``*_bias``; or MXFP4 ``*_blocks`` [E, out, in/32, 16] and ``*_scales``,
+    which dequantize to [E, out, in]. Gate and up are de-interleaved to gate rows, then up rows."""
+    e_count, hidden, ffn = config.num_experts, config.hidden_size, config.moe_intermediate_size
+    if reader.has(f"{p}.gate_up_proj_blocks"):
+        gate_up = reader.place(dequantize_mxfp4(reader.raw(f"{p}.gate_up_proj_blocks"), reader.raw(f"{p}.gate_up_proj_scales")))
+        down = reader.place(dequantize_mxfp4(reader.raw(f"{p}.down_proj_blocks"), reader.raw(f"{p}.down_proj_scales")))
+    else:
+        gate_up = reader.get(f"{p}.gate_up_proj").transpose(1, 2)
+        down = reader.get(f"{p}.down_proj").transpose(1, 2)
+    for name, t, shape in (("gate_up", gate_up, (e_count, 2 * ffn, hidden)), ("down", down, (e_count, hidden, ffn))):
+        if tuple(t.shape) != shape:
+            raise CheckpointError(f"{p}: {name} experts of shape {tuple(t.shape)} (as [E, out, in]), expected {shape}")
+    b_gate_up = reader.get(f"{p}.gate_up_proj_bias")  # [E, 2F], interleaved
+    return ExpertWeights(
+        w_gate_up=torch.cat((gate_up[:, 0::2], gate_up[:, 1::2]), dim=1).contiguous(),
+        w_down=down.contiguous(),
+        b_gate_up=torch.cat((b_gate_up[:, 0::2], b_gate_up[:, 1::2]), dim=1).contiguous(),
+        b_down=reader.get(f"{p}.down_proj_bias"),
+    )
 
 
 def _orient(t: torch.Tensor, shape: tuple[int, int, int], where: str) -> torch.Tensor:

@@ -19,7 +19,7 @@ class MoEBlock:
 
     router: Router
     experts: ExpertBackend
-    shared_expert: SharedExpert | None = None
+    shared_expert: SharedExpert | GatedMLP | None = None  # gated (Qwen2-MoE) or plain (DeepSeek, GLM)
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [T, H] -> ([T, H], tokens per expert [E])."""

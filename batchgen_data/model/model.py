@@ -19,7 +19,7 @@ from batchgen_data.model.checkpoint import CheckpointReader
 from batchgen_data.model.config import ModelConfig
 from batchgen_data.model.decoder import DecoderLayer, MoEBlock
 from batchgen_data.model.kv_cache import KVCache
-from batchgen_data.model.layers import GatedMLP, linear, rms_norm
+from batchgen_data.model.layers import GatedMLP, SharedExpert, linear, rms_norm
 from batchgen_data.model.loader import load_expert_store, load_layers
 from batchgen_data.model.moe.store import ExpertStore
 from batchgen_data.model.rope import RotaryEmbedding
@@ -37,7 +37,7 @@ class MoEModel:
         self.lm_head = lm_head  # [V, H]
         self.device, self.dtype = device, dtype
         self.expert_store = expert_store
-        self.rotary = RotaryEmbedding(config.rope, config.head_dim, device)
+        self.rotary = RotaryEmbedding(config.rope, config.rotary_dim, device)
 
     @classmethod
     def from_pretrained(
@@ -80,7 +80,8 @@ class MoEModel:
             ffn = layer.ffn
             mlps = [ffn] if isinstance(ffn, GatedMLP) else []
             if isinstance(ffn, MoEBlock):
-                mlps += [ffn.shared_expert.mlp] if ffn.shared_expert is not None else []
+                shared = ffn.shared_expert
+                mlps += [shared.mlp if isinstance(shared, SharedExpert) else shared] if shared is not None else []
                 if ffn.experts.name == "native" and self.expert_store is not None:
                     experts = self.expert_store.weights(layer_id)
                     routed = max_batched_tokens * self.config.num_experts_per_tok

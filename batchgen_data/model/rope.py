@@ -10,11 +10,15 @@ from batchgen_data.model.config import RopeConfig
 
 
 class RotaryEmbedding:
-    """Computes cos/sin tables for flat token positions and applies them (rotate-half layout)."""
+    """Computes cos/sin tables for flat token positions and applies them.
 
-    def __init__(self, rope: RopeConfig, head_dim: int, device: torch.device | str = "cpu"):
-        inv_freq, self.attention_scaling = _inv_freq(rope, head_dim)
-        self.inv_freq = inv_freq.to(device)  # [D/2]
+    ``rotary_dim`` (Dr) is how many dims of each head rotate: all of them, or the leading part
+    (partial rotary, GLM), the rest passing through.
+    """
+
+    def __init__(self, rope: RopeConfig, rotary_dim: int, device: torch.device | str = "cpu"):
+        inv_freq, self.attention_scaling = _inv_freq(rope, rotary_dim)
+        self.inv_freq = inv_freq.to(device)  # [Dr/2]
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions[:, None].float() * self.inv_freq[None, :]  # [T, D/2]
@@ -24,9 +28,23 @@ class RotaryEmbedding:
         return cos.to(dtype), sin.to(dtype)
 
     @staticmethod
-    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x: [T, N, D]; cos/sin: [T, D]."""
-        half = x.shape[-1] // 2
+    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
+        """x: [T, N, D]; cos/sin: [T, Dr] with Dr <= D: the first Dr dims rotate, the rest pass.
+
+        Rotate-half layout pairs dim i with i + Dr/2; ``interleaved`` pairs 2i with 2i+1
+        (DeepSeek) and returns the rotated pairs as [evens, odds] — the same permutation for
+        queries and keys, so their dot products are those of the interleaved rotation.
+        """
+        rotary_dim = cos.shape[-1]
+        if rotary_dim < x.shape[-1]:
+            rotated = RotaryEmbedding.apply(x[..., :rotary_dim], cos, sin, interleaved)
+            return torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
+        if interleaved:
+            half = rotary_dim // 2
+            c, s = cos[:, None, :half], sin[:, None, :half]
+            x1, x2 = x[..., 0::2], x[..., 1::2]
+            return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+        half = rotary_dim // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos[:, None, :] + rotated * sin[:, None, :]
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from safetensors.torch import save_file
 from tiny_checkpoints import ALL_ARCHS, hf_greedy_continuations
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import datasets
 import pytest
 from batchgen_data.operators import OUTPUT_COLUMNS
+from stage_rows import ENGINE_CONFIG, MAX_TOKENS, check_output_rows, mixed_rows
 
 from batchgen_data import BatchGenMap
-
-from stage_rows import ENGINE_CONFIG, MAX_TOKENS, check_output_rows, mixed_rows
 
 
 @pytest.fixture()

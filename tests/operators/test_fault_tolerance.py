@@ -5,9 +5,6 @@ from __future__ import annotations
 import time
 
 import pytest
-
-from batchgen_data import BatchGenOperator
-
 from fault_helpers import (
     ENGINE_CONFIG,
     check_job_output,
@@ -18,6 +15,8 @@ from fault_helpers import (
     sigkill,
     wait_for,
 )
+
+from batchgen_data import BatchGenOperator
 
 ray = pytest.importorskip("ray")
 

@@ -6,9 +6,6 @@ import os
 import time
 
 import pytest
-
-from batchgen_data import BatchGenOperator
-
 from fault_helpers import (
     ENGINE_CONFIG,
     check_job_output,
@@ -18,6 +15,8 @@ from fault_helpers import (
     run_in_thread,
     wait_for,
 )
+
+from batchgen_data import BatchGenOperator
 
 ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")

@@ -6,10 +6,9 @@ import os
 
 import pyarrow as pa
 import pytest
+from stage_rows import BAD_ROWS, ENGINE_CONFIG, MAX_TOKENS, check_output_rows, mixed_rows
 
 from batchgen_data import BatchGenOperator
-
-from stage_rows import BAD_ROWS, ENGINE_CONFIG, MAX_TOKENS, check_output_rows, mixed_rows
 
 ray = pytest.importorskip("ray")
 

@@ -11,10 +11,9 @@ import pytest
 from batchgen_data.operators import OUTPUT_COLUMNS
 from batchgen_data.operators.batch_format import OUTPUT_SCHEMA
 from batchgen_data.operators.rows import RowError, StageConfig, prepare_rows
+from stage_rows import ENGINE_CONFIG, MAX_TOKENS, check_output_rows, mixed_rows
 
 from batchgen_data import BatchGenMap, BatchGenOperator
-
-from stage_rows import ENGINE_CONFIG, MAX_TOKENS, check_output_rows, mixed_rows
 
 
 def test_output_schema_names_the_output_columns():

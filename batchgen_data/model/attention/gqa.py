@@ -1,6 +1,9 @@
-"""Grouped-query attention over a flat token batch and paged K/V (RoPE, q/k norm, windows).
+"""Grouped-query attention over a flat token batch and paged K/V.
 
-Stores K and V per token: ``KVSpec(((Nkv, D), (Nkv, D)))``.
+Stores K and V per token: ``KVSpec(((Nkv, D), (Nkv, D)))``. Options, each from the config or the
+checkpoint: q/k/v and output biases, q/k norm per head or over all heads, clipped q/k/v, RoPE on
+all or the leading dims of each head, a sliding window per layer, and attention sinks (a learned
+per-head logit in the softmax denominator, gpt-oss).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class GQAAttention:
         self.w_o, self.b_o = weights["o"], weights.get("o_bias")
         self.qkv_sizes = (self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim)
         self.q_norm, self.k_norm = weights.get("q_norm"), weights.get("k_norm")
+        self.sinks = weights.get("sinks")  # [Nq] or None
         kv_shape = (self.num_kv_heads, self.head_dim)
         self.kv_spec = KVSpec((kv_shape, kv_shape), self.w_qkv.dtype, self.sliding_window)
 
@@ -66,43 +70,35 @@ class GQAAttention:
         # Every micro-batch's new KV goes in first: micro-batches hold disjoint sequences.
         k_cache.view(-1, self.num_kv_heads, self.head_dim)[batch.slot_mapping] = k.to(k_cache.dtype)
         v_cache.view(-1, self.num_kv_heads, self.head_dim)[batch.slot_mapping] = v.to(v_cache.dtype)
-        if len(batch.micro_batches) == 1:
-            out = self._attend(q, batch.micro_batches[0], k_cache, v_cache)
-        else:
-            out = q.new_empty(num_tokens, self.num_heads * self.head_dim)
-            start = 0
-            for meta in batch.micro_batches:  # YIELD point: one micro-batch's attention at a time
-                num = meta.positions.shape[0]
-                out[start : start + num] = self._attend(q[start : start + num], meta, k_cache, v_cache)
-                start += num
+        out = batch.per_micro_batch(q, self.num_heads * self.head_dim,
+                                    lambda q_mb, meta: self._attend(q_mb, meta, k_cache, v_cache))
         return linear(out, self.w_o, self.b_o)  # [T, H]
 
     def _attend(self, q: torch.Tensor, meta: AttentionMetadata, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         """q: [t, Nq, D] of one micro-batch -> attention output [t, Nq * D] over its paged KV."""
-        b, qmax = meta.num_seqs, meta.max_query_len
-        if qmax == 1:
-            # [B, Nq, 1, D], one query per sequence. This stride layout (a transposed [B, 1, Nq, D])
-            # keeps SDPA on its CPU flash kernel; other layouts send it to the (GQA-copying) math path.
-            q_pad = q.contiguous().view(b, 1, self.num_heads, self.head_dim).transpose(1, 2)
-        else:
-            q_pad = q.new_zeros(b * qmax, self.num_heads, self.head_dim)
-            q_pad[meta.query_index] = q
-            q_pad = q_pad.view(b, qmax, self.num_heads, self.head_dim).transpose(1, 2)  # [B, Nq, Q, D]
-        # Gather whole pages (contiguous block_size * Nkv * D runs), not single token slots.
-        num_keys = meta.block_table.shape[1] * meta.block_size
-        pages = meta.block_table.view(-1)  # [B * P]
         k_out, v_out = meta.gather_buffers.get(self.kv_spec.layout, (None, None))
-        keys = torch.index_select(k_cache, 0, pages, out=k_out).view(b, num_keys, self.num_kv_heads, self.head_dim)
-        values = torch.index_select(v_cache, 0, pages, out=v_out).view(b, num_keys, self.num_kv_heads, self.head_dim)
-        keys, values = keys.transpose(1, 2).to(q.dtype), values.transpose(1, 2).to(q.dtype)  # [B, Nkv, L, D]
+        keys = meta.gather_pages(k_cache, k_out).transpose(1, 2).to(q.dtype)  # [B, Nkv, L, D]
+        values = meta.gather_pages(v_cache, v_out).transpose(1, 2).to(q.dtype)
+        mask = meta.mask(self.sliding_window)  # [B, 1, Q, L]
+        if self.sinks is not None:
+            keys, values, mask = self._with_sink(keys, values, mask)
         out = F.scaled_dot_product_attention(
-            q_pad,
+            meta.pad_queries(q),
             keys,
             values,
-            attn_mask=meta.mask(self.sliding_window),
+            attn_mask=mask,
             scale=self.scale,
             enable_gqa=self.num_heads != self.num_kv_heads,
         )  # [B, Nq, Q, D]
-        if qmax == 1:
-            return out.reshape(b, self.num_heads * self.head_dim)
-        return out.transpose(1, 2).reshape(b * qmax, self.num_heads * self.head_dim)[meta.query_index]
+        return meta.unpad_outputs(out)
+
+    def _with_sink(self, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor):
+        """Attention sinks as one extra key per head: a zero key and value whose score is the
+        head's sink logit (an additive mask), so it joins the softmax denominator only."""
+        b, _, num_queries, _ = mask.shape
+        zero = keys.new_zeros(b, self.num_kv_heads, 1, self.head_dim)
+        keys, values = torch.cat((keys, zero), dim=2), torch.cat((values, zero), dim=2)  # [B, Nkv, L+1, D]
+        bias = torch.zeros(mask.shape, dtype=keys.dtype, device=keys.device).masked_fill_(~mask, float("-inf"))
+        bias = bias.expand(b, self.num_heads, num_queries, mask.shape[-1])
+        sink = self.sinks.to(keys.dtype).view(1, -1, 1, 1).expand(b, self.num_heads, num_queries, 1)
+        return keys, values, torch.cat((bias, sink), dim=-1)  # [B, Nq, Q, L+1]

@@ -8,6 +8,7 @@ shared by every layer.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -33,6 +34,40 @@ class AttentionMetadata:
     @property
     def num_gathered_blocks(self) -> int:
         return self.block_table.numel()
+
+    @property
+    def num_keys(self) -> int:
+        """L, the padded key length every sequence of the micro-batch attends over."""
+        return self.block_table.shape[1] * self.block_size
+
+    def gather_pages(self, pages: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """[num_blocks, block_size, *shape] pages -> [B, L, *shape]: each sequence's context.
+
+        Gathers whole pages (contiguous runs of block_size tokens), not single token slots; ``out``
+        is a reused buffer of at least ``num_gathered_blocks`` pages (see ``gather_buffers``).
+        """
+        if out is not None:
+            out = out[: self.num_gathered_blocks]
+        gathered = torch.index_select(pages, 0, self.block_table.view(-1), out=out)  # [B * P, bs, *shape]
+        return gathered.view(self.num_seqs, self.num_keys, *pages.shape[2:])
+
+    def pad_queries(self, q: torch.Tensor) -> torch.Tensor:
+        """Flat queries [t, N, D] -> [B, N, Q, D], each sequence's queries padded to Q."""
+        b, qmax, heads, dim = self.num_seqs, self.max_query_len, q.shape[1], q.shape[2]
+        if qmax == 1:
+            # One query per sequence. This stride layout (a transposed [B, 1, N, D]) keeps SDPA on
+            # its CPU flash kernel; other layouts send it to the (GQA-copying) math path.
+            return q.contiguous().view(b, 1, heads, dim).transpose(1, 2)
+        q_pad = q.new_zeros(b * qmax, heads, dim)
+        q_pad[self.query_index] = q
+        return q_pad.view(b, qmax, heads, dim).transpose(1, 2)
+
+    def unpad_outputs(self, out: torch.Tensor) -> torch.Tensor:
+        """[B, N, Q, D] attention outputs -> the flat tokens' [t, N * D]."""
+        b, heads, qmax, dim = out.shape
+        if qmax == 1:
+            return out.reshape(b, heads * dim)
+        return out.transpose(1, 2).reshape(b * qmax, heads * dim)[self.query_index]
 
     def mask(self, sliding_window: int | None) -> torch.Tensor:
         """[B, 1, Q, L] boolean: query may attend key (causal, in context, within the window)."""
@@ -107,6 +142,20 @@ class AttentionBatch:
     micro_batches: list[AttentionMetadata]  # in flat-token order
     slot_mapping: torch.Tensor  # [T] KV slot each token writes (all micro-batches)
     cos_sin: tuple[torch.Tensor, torch.Tensor]  # RoPE tables for the T tokens' positions
+
+    def per_micro_batch(self, q: torch.Tensor, out_width: int,
+                        attend: Callable[[torch.Tensor, AttentionMetadata], torch.Tensor]) -> torch.Tensor:
+        """``attend(q[micro-batch], its metadata)`` for each micro-batch, in turn: [T, ...] ->
+        [T, out_width]. Each micro-batch is a YIELD point between attention and the MoE."""
+        if len(self.micro_batches) == 1:
+            return attend(q, self.micro_batches[0])
+        out = q.new_empty(q.shape[0], out_width)
+        start = 0
+        for meta in self.micro_batches:
+            num = meta.positions.shape[0]
+            out[start : start + num] = attend(q[start : start + num], meta)
+            start += num
+        return out
 
     @classmethod
     def combine(cls, metas: list[AttentionMetadata], rotary, dtype: torch.dtype) -> AttentionBatch:

@@ -50,7 +50,20 @@ class SwiGLU:
         return F.silu(gate) * up
 
 
-ExpertActivation = SwiGLU
+@dataclass(frozen=True, slots=True)
+class ClampedSwiGLU:
+    """gpt-oss: ``(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)``, g = ``min(gate, limit)``."""
+
+    alpha: float
+    limit: float
+
+    def __call__(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        gate = gate.clamp(max=self.limit)
+        up = up.clamp(min=-self.limit, max=self.limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
+
+
+ExpertActivation = SwiGLU | ClampedSwiGLU
 SWIGLU = SwiGLU()
 
 
