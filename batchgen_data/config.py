@@ -48,6 +48,14 @@ class EngineConfig:
         tune_gemms (bool, default True): on CPU in fp32, measure which GEMM kernel is fastest
             for each of the model's weight shapes and row counts on this machine (once, ~2-4 s
             for a 200 M-parameter model; cached under the cache folder) instead of a fixed rule.
+        expert_parallel_size (int, default 1): N > 1 spreads the experts over N rank processes
+            on this node (spawned by the engine; gloo on CPU, NCCL with one GPU per rank on
+            CUDA). Each rank loads only its E/N experts of every MoE layer and runs its own
+            sequences (scheduler, KV pool of ``kv_cache_memory_bytes``, sampler); every MoE
+            layer exchanges tokens by DeepSpeed-MoE all-to-all, all ranks in lockstep. The
+            model's expert count must be divisible by N.
+        rank_timeout_s (float, default 120): with expert parallelism, the longest a step or a
+            collective may take before the ranks are declared dead (``EngineDeadError``).
 
     Example:
         >>> EngineConfig(max_num_seqs=128).attention_batch_size
@@ -69,9 +77,11 @@ class EngineConfig:
     seed: int = 0
     collect_timeline: bool = False
     tune_gemms: bool = True
+    expert_parallel_size: int = 1
+    rank_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "attention_batch_size", "max_num_batched_tokens", "block_size"):
+        for name in ("max_num_seqs", "attention_batch_size", "max_num_batched_tokens", "block_size", "expert_parallel_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
@@ -90,6 +100,8 @@ class EngineConfig:
             raise ConfigError(f"refill_threshold must be in (0, 1], got {self.refill_threshold}")
         if self.dtype != "auto" and self.dtype not in _DTYPES:
             raise ConfigError(f"dtype must be 'auto' or one of {list(_DTYPES)}, got {self.dtype!r}")
+        if not self.rank_timeout_s > 0:
+            raise ConfigError(f"rank_timeout_s must be > 0, got {self.rank_timeout_s}")
         if self.expert_backend not in ("native", "deepspeed"):
             raise ConfigError(f"expert_backend must be 'native' or 'deepspeed', got {self.expert_backend!r}")
 

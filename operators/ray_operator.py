@@ -115,7 +115,7 @@ class BatchGenOperator:
         self._rows_in_flight += num_rows
         self._peak_rows_in_flight = max(self._peak_rows_in_flight, self._rows_in_flight)
         self._num_calls += 1
-        target = self.engine.engine.config.max_num_seqs
+        target = self.engine.engine.max_running_seqs
         if not self._warned and self._num_calls > _WARN_AFTER_CALLS and self._peak_rows_in_flight < target:
             self._warned = True
             logger.warning(

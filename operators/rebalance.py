@@ -163,7 +163,7 @@ class RebalanceClient:
             # not run, or the engine thread holds them between its inbox and its scheduler):
             # count them, or the loop leases again for the same slots.
             num_running = max(self.engine.num_unfinished, self._items_in_flight)
-            free_slots = max(0, self.engine.engine.config.max_num_seqs - num_running)
+            free_slots = max(0, self.engine.engine.max_running_seqs - num_running)
             # No call to keep it alive: Ray Data may stop this actor at any moment, so no lease.
             room = free_slots if self._open_calls else 0
             try:
@@ -239,7 +239,7 @@ class RebalanceClient:
 
     def snapshot(self) -> dict:
         """This actor's counters, with the KV tokens its engine recomputed."""
-        self.stats.num_recomputed_tokens = self.engine.engine.scheduler.stats.num_recomputed_tokens
+        self.stats.num_recomputed_tokens = self.engine.engine.stats().num_recomputed_tokens
         return asdict(self.stats)
 
     async def counters(self) -> dict:

@@ -26,6 +26,14 @@ FLOORS = {
 }
 
 
+# The one upward import, and why: an Engine configured with expert_parallel_size > 1 is the front
+# of a group of rank processes, which run engines themselves (engine -> distributed -> engine).
+ALLOWED_UPWARD = {
+    ("batchgen_data.engine.engine", "batchgen_data.distributed.expert_parallel"):
+        "Engine(config with expert_parallel_size > 1) returns the expert-parallel engine",
+}
+
+
 def _modules() -> dict[str, Path]:
     """Every module of the installed package by dotted name (``operators/`` ships as
     ``batchgen_data.operators``)."""
@@ -90,7 +98,7 @@ def test_imports_go_downward_only():
         if module == "batchgen_data":  # the facade re-exports the public API
             continue
         for target in targets:
-            if target != "batchgen_data" and _floor(target) > _floor(module):
+            if target != "batchgen_data" and _floor(target) > _floor(module) and (module, target) not in ALLOWED_UPWARD:
                 upward.append(f"{module} -> {target}")
     assert not upward, "upward imports:\n" + "\n".join(sorted(upward))
 
@@ -99,7 +107,7 @@ def test_no_import_cycles():
     graph = _graph()
     # A package's own __init__ re-exporting its children is not a cycle with them: Python runs
     # the parent first either way. Drop child -> ancestor-package edges before the search.
-    edges = {m: {t for t in ts if not m.startswith(t + ".")} for m, ts in graph.items()}
+    edges = {m: {t for t in ts if not m.startswith(t + ".") and (m, t) not in ALLOWED_UPWARD} for m, ts in graph.items()}
     state: dict[str, int] = {}  # 1 = on the stack, 2 = done
     cycles = []
 

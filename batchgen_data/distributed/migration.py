@@ -39,7 +39,7 @@ class MigrationCosts:
         stats = engine.stats()
         rate = stats.num_forward_tokens / stats.kernel_s if stats.kernel_s else 1e3
         step = stats.busy_s / stats.num_forwards if stats.num_forwards else 0.0
-        return cls(engine.scheduler.kv_bytes_per_token, rate, step,
+        return cls(engine.kv_bytes_per_token, rate, step,
                    DEFAULT_TRANSFER_BYTES_PER_S if transfer_bytes_per_s is None else transfer_bytes_per_s,
                    DEFAULT_MOVE_LATENCY_S if latency_s is None else latency_s)
 

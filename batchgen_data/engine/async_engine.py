@@ -94,7 +94,7 @@ class AsyncEngine:
 
     @property
     def num_unfinished(self) -> int:
-        return self.engine.scheduler.num_unfinished + self._inbox.qsize()
+        return self.engine.num_unfinished + self._inbox.qsize()
 
     async def generate(self, prompts, sampling_params=None) -> list[GenerationOutput]:
         """All outputs, in input order."""
@@ -231,6 +231,8 @@ class AsyncEngine:
         if self._thread is not None:
             self._inbox.put(None)
             self._thread.join(timeout)
+        if self._thread is None or not self._thread.is_alive():
+            self.engine.close()
 
 
 _EXPORTABLE = (SequenceStatus.WAITING, SequenceStatus.RUNNING, SequenceStatus.SUSPENDED)

@@ -11,7 +11,7 @@ import random
 import time
 from collections.abc import Iterator
 from collections.abc import Sequence as SequenceABC
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -28,6 +28,7 @@ from batchgen_data.model import MoEModel
 from batchgen_data.model.gemm_tuning import load_or_tune
 from batchgen_data.model.kv_cache import KVCache
 from batchgen_data.model.layers import use_gemm_plan
+from batchgen_data.model.moe.store import ExpertShard
 from batchgen_data.model.resolve import resolve_model
 from batchgen_data.paths import cache_dir
 
@@ -35,6 +36,23 @@ logger = logging.getLogger(__name__)
 
 _DEFAULT_KV_TOKENS_PER_SEQ = 1024
 _DEFAULT_KV_CAP_BYTES = 4 << 30
+
+
+@dataclass(slots=True)
+class RankStats:
+    """One expert-parallel rank's counters (``EngineStats.ranks``)."""
+
+    rank: int
+    num_generated_tokens: int
+    num_forward_tokens: int
+    num_forwards: int
+    num_idle_forwards: int  # steps it joined with nothing to run
+    busy_s: float  # wall time inside its steps
+    expert_comm_s: float  # of which in all-to-all and capacity agreement
+    expert_weight_bytes: int  # its own experts only
+    peak_rss_bytes: int
+    num_migrated_in: int = 0
+    num_migrated_out: int = 0
 
 
 @dataclass(slots=True)
@@ -53,7 +71,11 @@ class EngineStats:
     num_resumed_swap: int
     num_resumed_recompute: int
     num_recomputed_tokens: int
-    num_kv_blocks: int
+    num_kv_blocks: int  # per rank under expert parallelism
+    num_idle_forwards: int = 0  # zero-token forwards run to keep expert-parallel ranks in lockstep
+    expert_comm_s: float = 0.0  # seconds the MoE layers spent exchanging tokens between ranks
+    expert_weight_bytes: int = 0  # routed-expert weights resident in this process (each rank's own)
+    ranks: list[RankStats] = field(default_factory=list)  # one per expert-parallel rank
 
     @property
     def runtime_overhead(self) -> float:
@@ -77,12 +99,24 @@ class Engine:
         4
     """
 
-    def __init__(self, model: str | os.PathLike = "demo", config: EngineConfig | None = None):
+    def __new__(cls, model: str | os.PathLike = "demo", config: EngineConfig | None = None, **kwargs):
+        if cls is Engine and config is not None and config.expert_parallel_size > 1 and kwargs.get("expert_shard") is None:
+            # The one import above this floor (tests/test_import_floors.py lists it): an engine
+            # configured for expert parallelism is the front of a group of rank processes.
+            from batchgen_data.distributed.expert_parallel import ExpertParallelEngine
+
+            return super().__new__(ExpertParallelEngine)
+        return super().__new__(cls)
+
+    def __init__(self, model: str | os.PathLike = "demo", config: EngineConfig | None = None, *,
+                 expert_shard: ExpertShard | None = None):
+        """``expert_shard`` is set by an expert-parallel rank process: load only its experts."""
         self.config = config or EngineConfig()
         self.model_path = resolve_model(model)
         device = self.config.resolve_device()
         dtype = self.config.resolve_dtype(device)
-        self.model = MoEModel.from_pretrained(self.model_path, dtype, device, self.config.expert_backend)
+        self.model = MoEModel.from_pretrained(self.model_path, dtype, device, self.config.expert_backend,
+                                              expert_shard=expert_shard)
         if self.config.tune_gemms and device.type == "cpu" and dtype == torch.float32:
             weights, max_rows = self.model.gemm_weights(self.config.max_num_batched_tokens, self.config.max_num_seqs)
             use_gemm_plan(load_or_tune(weights, max_rows, cache_dir() / "gemm-plans"))
@@ -144,8 +178,11 @@ class Engine:
         except BatchGenError as err:
             seq.finish("error", now, error=str(err))
             return seq
-        self.scheduler.add(seq)
+        self._enqueue(seq)
         return seq
+
+    def _enqueue(self, seq: Sequence) -> None:
+        self.scheduler.add(seq)
 
     def _check_fits(self, seq: Sequence) -> None:
         prompt_len = seq.num_prompt_tokens
@@ -164,6 +201,21 @@ class Engine:
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
+
+    @property
+    def num_unfinished(self) -> int:
+        """Requests waiting, running or suspended."""
+        return self.scheduler.num_unfinished
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """What one token's KV costs, all layers (``KVSpec``s): what a MIGRATE ships."""
+        return self.scheduler.kv_bytes_per_token
+
+    @property
+    def max_running_seqs(self) -> int:
+        """Sequences the engine runs at once (every rank's running set, under expert parallelism)."""
+        return self.config.max_num_seqs
 
     def step(self) -> list[Sequence]:
         """One forward over the running set; returns the sequences that finished in it."""
@@ -297,13 +349,16 @@ class Engine:
         seq.host_kv = None
         return state
 
-    def import_sequence(self, state: SequenceState) -> Sequence:
+    def import_sequence(self, state: SequenceState, request_id: int | None = None) -> Sequence:
         """Continue a sequence exported by another engine.
 
         Its KV comes from ``state.kv`` through the swap-in path when given (the copy is already in
-        this process; it counts in the host pool until restored), else it is recomputed.
+        this process; it counts in the host pool until restored), else it is recomputed. It gets
+        a new request id here unless ``request_id`` is given (an expert-parallel rank keeps the
+        driver's).
         """
-        request_id, self._next_id = self._next_id, self._next_id + 1
+        if request_id is None:
+            request_id, self._next_id = self._next_id, self._next_id + 1
         seq = Sequence(request_id, list(state.prompt_token_ids), state.params, state.seed, arrival_s=self._now())
         seq.output_token_ids = list(state.output_token_ids)
         if not seq.output_token_ids:
@@ -317,6 +372,18 @@ class Engine:
             self.scheduler.host_bytes_used += kv_tokens * self.scheduler.kv_bytes_per_token
         self.scheduler.suspended.append(seq)
         return seq
+
+    # -- lifetime -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release what the engine holds outside this object (an expert-parallel engine's rank
+        processes); a single-process engine holds nothing of the kind."""
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # -- stats ----------------------------------------------------------------------------------
 
@@ -336,6 +403,9 @@ class Engine:
             num_resumed_recompute=s.num_resumed_recompute,
             num_recomputed_tokens=s.num_recomputed_tokens,
             num_kv_blocks=self.blocks.num_blocks,
+            num_idle_forwards=r.num_idle_forwards,
+            expert_comm_s=self.model.expert_comm_seconds(),
+            expert_weight_bytes=getattr(self.model.expert_store, "nbytes", 0),
         )
 
     def _now(self) -> float:

@@ -49,6 +49,7 @@ class RunnerStats:
     """Cumulative counters; ``kernel_s`` is time inside model modules and the sampler."""
 
     num_forwards: int = 0
+    num_idle_forwards: int = 0  # zero-token forwards an expert-parallel rank ran to keep lockstep
     num_tokens: int = 0
     kernel_s: float = 0.0
     expert_calls: int = 0  # (layer, expert) GEMM pairs run
@@ -84,6 +85,9 @@ class ModelRunner:
             self.kv.write_tokens(seq.block_ids, seq.host_kv)
             seq.host_kv = None
         if not out.seqs:
+            if self.model.is_expert_parallel:
+                self.model.idle_forward()  # lockstep: the other ranks' all-to-alls wait for this one
+                self.stats.num_idle_forwards += 1
             return []
         device = self.model.device
         input_ids, micro_batches, sample_rows = [], [], []

@@ -101,7 +101,7 @@ async def _run_local(spec, tables, pending: list[Part], progress, summary) -> No
     stage = spec.stage
     operator = BatchGenOperator(**_operator_kwargs(stage))
     # Enough parts in flight to keep the engine's running set full across part boundaries.
-    in_flight = max(2, math.ceil(operator.engine.engine.config.max_num_seqs / spec.rows_per_part) + 1)
+    in_flight = max(2, math.ceil(operator.engine.engine.max_running_seqs / spec.rows_per_part) + 1)
     queue = list(reversed(pending))
 
     async def worker() -> None:

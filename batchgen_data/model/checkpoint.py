@@ -56,18 +56,24 @@ class CheckpointReader:
     def has(self, name: str) -> bool:
         return name in self._where
 
-    def raw(self, name: str) -> torch.Tensor:
-        """The tensor as stored (dtype and all), on the host."""
+    def raw(self, name: str, rows: range | None = None) -> torch.Tensor:
+        """The tensor as stored (dtype and all), on the host; ``rows`` reads only that slice of
+        its first dimension (an expert shard) without materialising the rest."""
         if name not in self._where:
             raise CheckpointError(f"tensor {name!r} missing from checkpoint {str(self.folder)!r}")
         try:
-            return self._where[name].get_tensor(name)
+            if rows is None:
+                return self._where[name].get_tensor(name)
+            return self._where[name].get_slice(name)[rows.start : rows.stop]
         except Exception as err:  # a truncated file fails only when the tensor is read
             raise CheckpointError(f"tensor {name!r} of checkpoint {str(self.folder)!r} cannot be read: {err}") from None
 
-    def get(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._where[name].get_slice(name).get_shape())
+
+    def get(self, name: str, dtype: torch.dtype | None = None, rows: range | None = None) -> torch.Tensor:
         """The tensor in the engine's dtype (or ``dtype``) on the engine's device."""
-        return self.place(self.raw(name), dtype)
+        return self.place(self.raw(name, rows), dtype)
 
     def place(self, tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         tensor = tensor.to(device=self.device, dtype=dtype or self.dtype)
@@ -125,60 +131,72 @@ def moe_prefix(reader: CheckpointReader, layer_id: int) -> tuple[str, str]:
     raise CheckpointError(f"layer {layer_id}: no router weight (mlp.gate / mlp.router / block_sparse_moe.gate)")
 
 
-def read_experts(reader: CheckpointReader, prefix: str, config: ModelConfig) -> ExpertWeights:
-    """Stack a layer's experts into [E, 2F, H] / [E, H, F], whatever the checkpoint's layout."""
+def read_experts(reader: CheckpointReader, prefix: str, config: ModelConfig, experts: range | None = None) -> ExpertWeights:
+    """Stack a layer's experts into [n, 2F, H] / [n, H, F], whatever the checkpoint's layout.
+
+    ``experts`` (default: all) is the contiguous block of expert ids to load; the others are
+    never read, not even transiently (an expert-parallel rank's shard).
+    """
+    experts = range(config.num_experts) if experts is None else experts
     if config.expert_layout == "in_out":
-        return _read_in_out_experts(reader, f"{prefix}.experts", config)
-    e_count, hidden, ffn = config.num_experts, config.hidden_size, config.moe_intermediate_size
+        return _read_in_out_experts(reader, f"{prefix}.experts", config, experts)
+    count, hidden, ffn = len(experts), config.hidden_size, config.moe_intermediate_size
     p = f"{prefix}.experts"
     if reader.has(f"{p}.gate_up_proj") or reader.has(f"{p}.gate_proj"):
+        full = config.num_experts
         if reader.has(f"{p}.gate_up_proj"):
-            gate_up = _orient(reader.get(f"{p}.gate_up_proj"), (e_count, 2 * ffn, hidden), p)
+            gate_up = _orient(reader, f"{p}.gate_up_proj", (full, 2 * ffn, hidden), experts)
         else:
-            gate = _orient(reader.get(f"{p}.gate_proj"), (e_count, ffn, hidden), p)
-            up = _orient(reader.get(f"{p}.up_proj"), (e_count, ffn, hidden), p)
+            gate = _orient(reader, f"{p}.gate_proj", (full, ffn, hidden), experts)
+            up = _orient(reader, f"{p}.up_proj", (full, ffn, hidden), experts)
             gate_up = torch.cat([gate, up], dim=1)
-        down = _orient(reader.get(f"{p}.down_proj"), (e_count, hidden, ffn), p)
+        down = _orient(reader, f"{p}.down_proj", (full, hidden, ffn), experts)
         return ExpertWeights(w_gate_up=gate_up.contiguous(), w_down=down.contiguous())
     for gate_name, up_name, down_name in _EXPERT_NAMES:
         if reader.has(f"{p}.0.{gate_name}.weight"):
             gate_up, down = [], []
-            for e in range(e_count):
+            for e in experts:
                 gate = reader.get(f"{p}.{e}.{gate_name}.weight")  # [F, H]
                 up = reader.get(f"{p}.{e}.{up_name}.weight")
                 gate_up.append(torch.cat([gate, up], dim=0))
                 down.append(reader.get(f"{p}.{e}.{down_name}.weight"))  # [H, F]
+            if len(gate_up) != count:
+                raise CheckpointError(f"{p}: expected {count} experts")
             return ExpertWeights(w_gate_up=torch.stack(gate_up), w_down=torch.stack(down))
     raise CheckpointError(f"no expert weights under {p!r} (per-expert or fused)")
 
 
-def _read_in_out_experts(reader: CheckpointReader, p: str, config: ModelConfig) -> ExpertWeights:
+def _read_in_out_experts(reader: CheckpointReader, p: str, config: ModelConfig, experts: range) -> ExpertWeights:
     """gpt-oss: ``gate_up_proj`` [E, H, 2F] with gate and up in alternate columns, ``down_proj``
     [E, F, H], biases ``*_bias``; or MXFP4 ``*_blocks`` [E, out, in/32, 16] and ``*_scales``,
     which dequantize to [E, out, in]. Gate and up are de-interleaved to gate rows, then up rows."""
-    e_count, hidden, ffn = config.num_experts, config.hidden_size, config.moe_intermediate_size
+    count, hidden, ffn = len(experts), config.hidden_size, config.moe_intermediate_size
     if reader.has(f"{p}.gate_up_proj_blocks"):
-        gate_up = reader.place(dequantize_mxfp4(reader.raw(f"{p}.gate_up_proj_blocks"), reader.raw(f"{p}.gate_up_proj_scales")))
-        down = reader.place(dequantize_mxfp4(reader.raw(f"{p}.down_proj_blocks"), reader.raw(f"{p}.down_proj_scales")))
+        def mxfp4(name: str) -> torch.Tensor:
+            return reader.place(dequantize_mxfp4(reader.raw(f"{name}_blocks", experts), reader.raw(f"{name}_scales", experts)))
+
+        gate_up, down = mxfp4(f"{p}.gate_up_proj"), mxfp4(f"{p}.down_proj")
     else:
-        gate_up = reader.get(f"{p}.gate_up_proj").transpose(1, 2)
-        down = reader.get(f"{p}.down_proj").transpose(1, 2)
-    for name, t, shape in (("gate_up", gate_up, (e_count, 2 * ffn, hidden)), ("down", down, (e_count, hidden, ffn))):
+        gate_up = reader.get(f"{p}.gate_up_proj", rows=experts).transpose(1, 2)
+        down = reader.get(f"{p}.down_proj", rows=experts).transpose(1, 2)
+    for name, t, shape in (("gate_up", gate_up, (count, 2 * ffn, hidden)), ("down", down, (count, hidden, ffn))):
         if tuple(t.shape) != shape:
             raise CheckpointError(f"{p}: {name} experts of shape {tuple(t.shape)} (as [E, out, in]), expected {shape}")
-    b_gate_up = reader.get(f"{p}.gate_up_proj_bias")  # [E, 2F], interleaved
+    b_gate_up = reader.get(f"{p}.gate_up_proj_bias", rows=experts)  # [n, 2F], interleaved
     return ExpertWeights(
         w_gate_up=torch.cat((gate_up[:, 0::2], gate_up[:, 1::2]), dim=1).contiguous(),
         w_down=down.contiguous(),
         b_gate_up=torch.cat((b_gate_up[:, 0::2], b_gate_up[:, 1::2]), dim=1).contiguous(),
-        b_down=reader.get(f"{p}.down_proj_bias"),
+        b_down=reader.get(f"{p}.down_proj_bias", rows=experts),
     )
 
 
-def _orient(t: torch.Tensor, shape: tuple[int, int, int], where: str) -> torch.Tensor:
-    """Return ``t`` as ``shape``, transposing the last two dims if it is stored the other way."""
-    if tuple(t.shape) == shape:
-        return t
-    if tuple(t.shape) == (shape[0], shape[2], shape[1]):
-        return t.transpose(1, 2)
-    raise CheckpointError(f"{where}: fused expert tensor of shape {tuple(t.shape)}, expected {shape}")
+def _orient(reader: CheckpointReader, name: str, shape: tuple[int, int, int], experts: range) -> torch.Tensor:
+    """Rows ``experts`` of a fused [E, a, b] tensor as ``shape[1:]`` per expert, transposing the
+    last two dims if the checkpoint stores them the other way."""
+    stored = reader.shape(name)
+    if stored == shape:
+        return reader.get(name, rows=experts)
+    if stored == (shape[0], shape[2], shape[1]):
+        return reader.get(name, rows=experts).transpose(1, 2)
+    raise CheckpointError(f"{name}: fused expert tensor of shape {stored}, expected {shape}")

@@ -20,20 +20,29 @@ from batchgen_data.model.layers import GatedMLP, SharedExpert
 from batchgen_data.model.moe.backends import make_expert_backend
 from batchgen_data.model.moe.experts import SWIGLU, ClampedSwiGLU, ExpertActivation
 from batchgen_data.model.moe.router import Router
-from batchgen_data.model.moe.store import ExpertStore, ResidentExpertStore
+from batchgen_data.model.moe.store import (
+    ExpertShard,
+    ExpertStore,
+    ResidentExpertStore,
+    ShardedExpertStore,
+)
 
 # Routers that score in fp32 whatever the engine's dtype (transformers keeps their weights fp32).
 _FP32_ROUTERS = ("greedy", "group_limited_greedy", "noaux_tc")
 
 
-def load_expert_store(reader: CheckpointReader, config: ModelConfig) -> ExpertStore:
-    """Every sparse layer's experts, resident in this process."""
-    layers = {i: read_experts(reader, moe_prefix(reader, i)[0], config)
+def load_expert_store(reader: CheckpointReader, config: ModelConfig, shard: ExpertShard | None = None) -> ExpertStore:
+    """Every sparse layer's experts, resident in this process; with ``shard``, only its experts."""
+    owned = None if shard is None else shard.owned(config.num_experts)
+    layers = {i: read_experts(reader, moe_prefix(reader, i)[0], config, owned)
               for i in range(config.num_hidden_layers) if config.is_sparse_layer(i)}
-    return ResidentExpertStore(layers, config.num_experts)
+    if shard is None:
+        return ResidentExpertStore(layers, config.num_experts)
+    return ShardedExpertStore(layers, config.num_experts, shard)
 
 
-def load_layers(reader: CheckpointReader, config: ModelConfig, store: ExpertStore, expert_backend: str) -> list[DecoderLayer]:
+def load_layers(reader: CheckpointReader, config: ModelConfig, store: ExpertStore, expert_backend: str,
+                expert_parallel_size: int = 1) -> list[DecoderLayer]:
     layers = []
     for i in range(config.num_hidden_layers):
         prefix = f"model.layers.{i}"
@@ -42,7 +51,7 @@ def load_layers(reader: CheckpointReader, config: ModelConfig, store: ExpertStor
                 input_norm=reader.get(f"{prefix}.input_layernorm.weight"),
                 attention=load_attention(reader, config, i),
                 post_attention_norm=reader.get(f"{prefix}.post_attention_layernorm.weight"),
-                ffn=_load_ffn(reader, config, i, store, expert_backend),
+                ffn=_load_ffn(reader, config, i, store, expert_backend, expert_parallel_size),
                 eps=config.rms_norm_eps,
             )
         )
@@ -62,7 +71,7 @@ def expert_activation(config: ModelConfig) -> ExpertActivation:
 
 
 def _load_ffn(reader: CheckpointReader, config: ModelConfig, layer_id: int, store: ExpertStore,
-              expert_backend: str) -> MoEBlock | GatedMLP:
+              expert_backend: str, expert_parallel_size: int) -> MoEBlock | GatedMLP:
     if not config.is_sparse_layer(layer_id):
         return read_mlp(reader, f"model.layers.{layer_id}.mlp")
     moe, router_name = moe_prefix(reader, layer_id)
@@ -79,7 +88,7 @@ def _load_ffn(reader: CheckpointReader, config: ModelConfig, layer_id: int, stor
         shared = SharedExpert(read_mlp(reader, f"{moe}.shared_expert"), reader.get(f"{moe}.shared_expert_gate.weight"))
     elif reader.has(f"{moe}.shared_experts.gate_proj.weight") and config.shared_expert_intermediate_size:
         shared = read_mlp(reader, f"{moe}.shared_experts")  # DeepSeek, GLM: n_shared_experts fused, ungated
-    backend = make_expert_backend(expert_backend, store, layer_id, expert_activation(config))
+    backend = make_expert_backend(expert_backend, store, layer_id, expert_activation(config), expert_parallel_size)
     return MoEBlock(router, backend, shared)
 
 

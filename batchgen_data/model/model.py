@@ -21,7 +21,7 @@ from batchgen_data.model.decoder import DecoderLayer, MoEBlock
 from batchgen_data.model.kv_cache import KVCache
 from batchgen_data.model.layers import GatedMLP, SharedExpert, linear, rms_norm
 from batchgen_data.model.loader import load_expert_store, load_layers
-from batchgen_data.model.moe.store import ExpertStore
+from batchgen_data.model.moe.store import ExpertStore, ShardedExpertStore
 from batchgen_data.model.rope import RotaryEmbedding
 
 
@@ -46,11 +46,15 @@ class MoEModel:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         expert_backend: str = "native",
+        expert_shard: ExpertShard | None = None,
     ) -> MoEModel:
+        """Load a checkpoint folder; with ``expert_shard`` (an expert-parallel rank, inside its
+        initialised process group) only that rank's experts are read."""
         config = ModelConfig.from_pretrained(folder)
         reader = CheckpointReader(folder, dtype, device)
-        store = load_expert_store(reader, config)
-        layers = load_layers(reader, config, store, expert_backend)
+        store = load_expert_store(reader, config, expert_shard)
+        world_size = 1 if expert_shard is None else expert_shard.world_size
+        layers = load_layers(reader, config, store, expert_backend, world_size)
         embed = reader.get("model.embed_tokens.weight")
         if config.tie_word_embeddings or not reader.has("lm_head.weight"):
             lm_head = embed
@@ -93,6 +97,23 @@ class MoEModel:
                 add(mlp.w_down, max_batched_tokens)
         add(self.lm_head, max_sampled_rows)
         return weights, max_rows
+
+    @property
+    def is_expert_parallel(self) -> bool:
+        """Its MoE layers exchange tokens with other ranks: every rank must run every forward."""
+        return isinstance(self.expert_store, ShardedExpertStore)
+
+    def expert_comm_seconds(self) -> float:
+        """Cumulative seconds the MoE layers spent exchanging tokens with other ranks."""
+        return sum(getattr(layer.ffn.experts, "comm_s", 0.0) for layer in self.layers if isinstance(layer.ffn, MoEBlock))
+
+    def idle_forward(self) -> None:
+        """A zero-token forward: the MoE layers join their collectives with nothing to send, so a
+        rank without work keeps the other ranks' all-to-alls from waiting (lockstep)."""
+        empty = self.embed_tokens.new_zeros((0, self.config.hidden_size))
+        for layer in self.layers:
+            if isinstance(layer.ffn, MoEBlock):
+                layer.ffn.experts(empty, layer.ffn.router(empty))
 
     def new_kv_cache(self, num_blocks: int, block_size: int) -> KVCache:
         return KVCache(self.kv_specs, num_blocks, block_size, self.device)

@@ -10,8 +10,16 @@ EXPERT_BACKENDS = ("native", "deepspeed")
 
 
 def make_expert_backend(name: str, store: ExpertStore, layer_id: int,
-                        activation: ExpertActivation = SWIGLU) -> ExpertBackend:
-    """Build the named backend over layer ``layer_id`` of ``store``."""
+                        activation: ExpertActivation = SWIGLU, expert_parallel_size: int = 1) -> ExpertBackend:
+    """Build the named backend over layer ``layer_id`` of ``store``.
+
+    Across expert-parallel ranks (``expert_parallel_size`` > 1) tokens always travel through
+    DeepSpeed-MoE's all-to-all, whatever ``name`` says: the native backend is single-process.
+    """
+    if expert_parallel_size > 1:
+        from batchgen_data.model.moe.deepspeed_backend import DeepSpeedExperts
+
+        return DeepSpeedExperts(store, layer_id, activation, ep_size=expert_parallel_size)
     if name == "native":
         from batchgen_data.model.moe.native_backend import NativeExperts
 

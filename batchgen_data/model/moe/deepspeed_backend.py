@@ -7,10 +7,14 @@ Gumbel noise even in eval. So the ``deepspeed.moe.layer.MoE`` built here is conf
 its gate is then replaced by ``_RoutingGate``, which hands DeepSpeed the routing computed by
 ``Router`` in DeepSpeed's sparse-route format with capacity = the busiest expert's load (nothing
 dropped). Dispatch, the expert loop and the combine are DeepSpeed's; with ``ep_size > 1`` its
-all-to-all (a later issue) moves tokens between ranks.
+``_AllToAll`` moves each expert's capacity buffer to the rank that owns the expert and back, and
+the gate agrees the capacity with the other ranks first (the busiest expert on any rank), as
+DeepSpeed's own gate does without token dropping.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 import torch.nn.functional as F
@@ -51,9 +55,23 @@ class _RoutingGate(nn.Module):
         super().__init__()
         self.num_experts = num_experts
         self.routing: Routing | None = None
+        self.ep_group = None
+        self.comm_s = 0.0  # seconds spent agreeing capacities with the other ranks
 
     def _set_ep_group(self, ep_group) -> None:  # called by MOELayer under expert parallelism
         self.ep_group = ep_group
+
+    def _agreed_capacity(self, local: int) -> int:
+        """The busiest expert's load over every rank of the group: all capacity buffers match."""
+        if self.ep_group is None:
+            return local
+        import deepspeed.comm as dist
+
+        start = time.perf_counter()
+        capacity = torch.tensor([local], dtype=torch.int64)
+        dist.all_reduce(capacity, op=dist.ReduceOp.MAX, group=self.ep_group)
+        self.comm_s += time.perf_counter() - start
+        return int(capacity)
 
     def forward(self, x, used_token=None, sparse_routes=True, use_tutel=False):
         routing, self.routing = self.routing, None
@@ -63,7 +81,7 @@ class _RoutingGate(nn.Module):
         # Position of each route in its expert's buffer: routes before it to the same expert.
         locations = ((torch.cumsum(one_hot, dim=0) - 1) * one_hot).sum(-1).view_as(ids)  # [S, K]
         exp_counts = one_hot.sum(0)  # [E]
-        capacity = max(int(exp_counts.max()), 1)
+        capacity = max(self._agreed_capacity(int(exp_counts.max())), 1)
         l_aux = x.new_zeros(())
         return (
             l_aux,
@@ -77,7 +95,9 @@ class _RoutingGate(nn.Module):
 
 
 class DeepSpeedExperts:
-    """Expert backend running ``deepspeed.moe.layer.MoE`` (``ep_size=1`` here)."""
+    """Expert backend running ``deepspeed.moe.layer.MoE``; with ``ep_size`` > 1 (the process
+    group initialised by ``deepspeed.init_distributed``) this rank runs only its store's experts
+    and the ranks exchange tokens by all-to-all in every call, which every rank must join."""
 
     name = "deepspeed"
 
@@ -102,7 +122,12 @@ class DeepSpeedExperts:
         layer = moe.deepspeed_moe
         layer.gate = _RoutingGate(num_experts)
         layer.experts.deepspeed_experts = nn.ModuleList(_Expert(self, e) for e in store.owned(layer_id))
+        if ep_size > 1:
+            moe.set_deepspeed_parallelism()  # the expert-parallel group (created once, by every rank)
+            layer.wall_clock_breakdown = True  # DeepSpeed times its two all-to-alls per call
         self.moe = moe.eval()
+        self.ep_size = ep_size
+        self.comm_s = 0.0  # cumulative seconds in the all-to-alls and the capacity agreement
 
     def __call__(self, x: torch.Tensor, routing: Routing) -> ExpertOutput:
         counts = torch.bincount(routing.topk_ids.reshape(-1), minlength=self.store.num_experts).tolist()
@@ -112,4 +137,18 @@ class DeepSpeedExperts:
             out, _, exp_counts = self.moe(x)
         finally:
             self.call_weights = None
+        if self.ep_size > 1:
+            self.comm_s += self._take_all_to_all_s()
         return ExpertOutput(hidden=out, tokens_per_expert=exp_counts.to("cpu", torch.int64))
+
+    def _take_all_to_all_s(self) -> float:
+        """Seconds of this call's two all-to-alls (DeepSpeed's timers, read and reset) and of
+        the gate's capacity agreement."""
+        from deepspeed.moe.sharded_moe import FIRST_ALLTOALL_TIMER, MOE_TIMER, SECOND_ALLTOALL_TIMER
+
+        layer = self.moe.deepspeed_moe
+        seconds = (layer.time_falltoall + layer.time_salltoall) / 1000.0 + layer.gate.comm_s
+        for name in (FIRST_ALLTOALL_TIMER, SECOND_ALLTOALL_TIMER, MOE_TIMER):  # they accumulate otherwise
+            layer.timers(name).reset()
+        layer.gate.comm_s = 0.0
+        return seconds

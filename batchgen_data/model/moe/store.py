@@ -9,8 +9,12 @@ parallelism: a store that owns a subset), or fetched from a slower tier into a b
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
+import torch
+
+from batchgen_data.errors import ConfigError
 from batchgen_data.model.moe.experts import ExpertWeights
 
 
@@ -43,6 +47,53 @@ class ResidentExpertStore:
 
     def owned(self, layer_id: int) -> tuple[int, ...]:
         return self._all
+
+    def weights(self, layer_id: int, expert_ids: list[int] | None = None) -> ExpertWeights:
+        return self._layers[layer_id]
+
+    def layer_ids(self) -> tuple[int, ...]:
+        return tuple(self._layers)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(w.nbytes for w in self._layers.values())
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertShard:
+    """Rank ``rank`` of ``world_size`` expert-parallel ranks owns the contiguous block of
+    ``E / world_size`` experts of every sparse layer that DeepSpeed-MoE's all-to-all sends it."""
+
+    rank: int
+    world_size: int
+
+    def owned(self, num_experts: int) -> range:
+        if num_experts % self.world_size:
+            raise ConfigError(
+                f"expert_parallel_size={self.world_size} must divide the model's {num_experts} experts per layer"
+            )
+        per_rank = num_experts // self.world_size
+        return range(self.rank * per_rank, (self.rank + 1) * per_rank)
+
+
+class ShardedExpertStore:
+    """Only this rank's experts of every sparse layer, resident; ``row_of`` maps global ids to
+    local rows (-1 for the other ranks' experts, which this process never loads)."""
+
+    def __init__(self, layers: dict[int, ExpertWeights], num_experts: int, shard: ExpertShard):
+        self.num_experts = num_experts
+        self.shard = shard
+        self._owned = tuple(shard.owned(num_experts))
+        row_of = torch.full((num_experts,), -1, dtype=torch.long)
+        row_of[list(self._owned)] = torch.arange(len(self._owned))
+        for weights in layers.values():
+            if weights.num_rows != len(self._owned):
+                raise ValueError(f"a shard holds {weights.num_rows} experts, expected {len(self._owned)}")
+            weights.row_of = row_of
+        self._layers = layers
+
+    def owned(self, layer_id: int) -> tuple[int, ...]:
+        return self._owned
 
     def weights(self, layer_id: int, expert_ids: list[int] | None = None) -> ExpertWeights:
         return self._layers[layer_id]

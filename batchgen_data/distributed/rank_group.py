@@ -1,0 +1,164 @@
+"""The rank processes of one expert-parallel engine: start, command in lockstep, detect death, stop.
+
+Each rank is a fresh interpreter (``python -m batchgen_data.distributed.rank_worker``; spawned,
+never forked: the parent holds torch and thread pools) talking to the driver over its own socket
+pair. The group is in lockstep by construction: ``step`` sends one command to every rank and
+collects one answer from each before returning.
+
+A rank that exits, errors or stays silent past ``rank_timeout_s`` makes the whole group fail:
+``EngineDeadError`` for the caller, and every surviving rank is killed (they may be blocked in
+an all-to-all waiting for the dead one). Ranks also exit by themselves when their driver goes
+away (end of file on the socket), so no rank outlives the process that started it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+import weakref
+from dataclasses import asdict
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+
+from batchgen_data.config import EngineConfig
+from batchgen_data.distributed.rank_protocol import (
+    RankCommand,
+    RankFailure,
+    RankReady,
+    RankSetup,
+    StepResult,
+)
+from batchgen_data.errors import EngineDeadError
+
+logger = logging.getLogger(__name__)
+
+# Loading a shard, joining the group and (the first time on a machine) DeepSpeed building its
+# CPU communication op (~35 s) all happen before a rank is ready.
+_STARTUP_TIMEOUT_S = 600.0
+_POLL_S = 0.2  # how often a wait checks that every rank is still alive
+_STOP_GRACE_S = 5.0
+
+
+class RankGroup:
+    """``world_size`` rank processes serving one engine."""
+
+    def __init__(self, model_path: str | Path, config: EngineConfig, world_size: int):
+        self.world_size = world_size
+        self.timeout_s = config.rank_timeout_s
+        self.procs: list[subprocess.Popen] = []
+        self.conns: list[Connection] = []
+        self._closed = False
+        self._finalizer = weakref.finalize(self, _kill, self.procs)
+        port = _free_port()
+        threads = max(1, _num_threads() // world_size)
+        try:
+            for rank in range(world_size):
+                self._start_rank(RankSetup(str(model_path), asdict(config), rank, world_size, port, threads))
+            self.ready: list[RankReady] = self._collect(_STARTUP_TIMEOUT_S, "start")
+        except BaseException:
+            self.close(kill=True)
+            raise
+
+    def _start_rank(self, setup: RankSetup) -> None:
+        ours, theirs = socket.socketpair()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env.setdefault("DS_ACCELERATOR", "cuda" if setup.config.get("device", "").startswith("cuda") else "cpu")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "batchgen_data.distributed.rank_worker", "--fd", str(theirs.fileno())],
+            pass_fds=[theirs.fileno()], env=env, stdout=subprocess.DEVNULL, start_new_session=False,
+        )
+        theirs.close()
+        self.procs.append(proc)
+        conn = Connection(ours.detach())
+        conn.send(setup)
+        self.conns.append(conn)
+
+    def step(self, commands: list[RankCommand]) -> list[StepResult]:
+        """One command to every rank, one answer from each (in rank order)."""
+        if self._closed:
+            raise EngineDeadError("the expert-parallel rank group was shut down")
+        try:
+            for conn, command in zip(self.conns, commands):
+                conn.send(command)
+        except OSError as err:
+            self._fail(f"a rank stopped reading its commands ({err})")
+        return self._collect(self.timeout_s, "step")
+
+    def _collect(self, timeout_s: float, what: str) -> list:
+        answers: dict[int, object] = {}
+        deadline = time.monotonic() + timeout_s
+        while len(answers) < self.world_size:
+            pending = [c for r, c in enumerate(self.conns) if r not in answers]
+            for conn in wait(pending, timeout=_POLL_S):
+                rank = self.conns.index(conn)
+                try:
+                    answer = conn.recv()
+                except (EOFError, OSError):
+                    self._fail(f"rank {rank} exited during {what} (exit status {self.procs[rank].poll()})")
+                if isinstance(answer, RankFailure):
+                    self._fail(f"rank {rank} failed during {what}:\n{answer.error}")
+                answers[rank] = answer
+            dead = [r for r, p in enumerate(self.procs) if r not in answers and p.poll() is not None]
+            if dead:
+                self._fail(f"rank {dead[0]} exited during {what} (exit status {self.procs[dead[0]].poll()})")
+            if time.monotonic() > deadline:
+                self._fail(f"ranks {sorted(set(range(self.world_size)) - set(answers))} did not answer a {what} "
+                           f"within {timeout_s:.0f} s (rank_timeout_s)")
+        return [answers[r] for r in range(self.world_size)]
+
+    def _fail(self, reason: str):
+        self.close(kill=True)
+        raise EngineDeadError(f"expert-parallel engine failed: {reason}")
+
+    def close(self, kill: bool = False) -> None:
+        """Stop every rank: ask politely (unless ``kill``), then kill what is left."""
+        if self._closed:
+            return
+        self._closed = True
+        if not kill:
+            for conn in self.conns:
+                try:
+                    conn.send(RankCommand(step=False, shutdown=True))
+                except OSError:
+                    pass
+            deadline = time.monotonic() + _STOP_GRACE_S
+            for proc in self.procs:
+                try:
+                    proc.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+        _kill(self.procs)
+        for conn in self.conns:
+            conn.close()
+        self._finalizer.detach()
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+
+def _kill(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+    for proc in procs:
+        try:
+            proc.wait(_STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            logger.warning("rank process %d did not exit after SIGKILL", proc.pid)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _num_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()

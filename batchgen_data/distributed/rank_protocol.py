@@ -1,0 +1,97 @@
+"""What the expert-parallel driver and its rank processes say to each other (plain data).
+
+One ``RankCommand`` goes to every rank per driver step and every rank answers with one
+``StepResult``: that is the lockstep — each command with ``step=True`` makes every rank run
+exactly one forward, whose MoE layers meet in their all-to-alls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from batchgen_data.engine.engine import RankStats
+from batchgen_data.engine.sampling_params import SamplingParams
+from batchgen_data.engine.sequence import SequenceState
+
+
+@dataclass(slots=True)
+class RankSetup:
+    """The first message to a rank: what to load and where it sits in the group."""
+
+    model_path: str
+    config: dict  # EngineConfig fields
+    rank: int
+    world_size: int
+    master_port: int
+    num_threads: int
+
+
+@dataclass(slots=True)
+class RankReady:
+    rank: int
+    num_kv_blocks: int
+    block_size: int
+    kv_bytes_per_token: int
+    expert_weight_bytes: int
+    owned_experts: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class NewSequence:
+    """A validated, tokenized request (the driver tokenizes, assigns ids and seeds)."""
+
+    request_id: int
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed: int
+
+
+@dataclass(slots=True)
+class RankCommand:
+    add: list[NewSequence] = field(default_factory=list)
+    imports: list[SequenceState] = field(default_factory=list)  # MIGRATE in, request ids kept
+    export_count: int = 0  # MIGRATE out up to this many (unstarted first, then worth moving)
+    export_ids: list[int] = field(default_factory=list)  # MIGRATE out these (the caller asked)
+    export_with_kv: bool = False  # for ``export_ids``
+    step: bool = True  # run one forward (every rank gets the same value)
+    shutdown: bool = False
+
+
+@dataclass(slots=True)
+class FinishedSequence:
+    request_id: int
+    output_token_ids: list[int]
+    finish_reason: str
+    error: str | None
+    stop_text_len: int | None
+
+
+@dataclass(slots=True)
+class RankLoad:
+    """A rank's work after its step, for placing new requests and evening ranks at the tail."""
+
+    num_running: int
+    num_queued: int  # waiting or suspended
+    tokens_left: int  # sum of max_tokens budgets left over its unfinished sequences
+    free_slots: int  # running slots below max_num_seqs
+
+
+@dataclass(slots=True)
+class StepResult:
+    rank: int
+    finished: list[FinishedSequence]
+    started: list[int]  # request ids that sampled their first token in this step
+    exported: list[SequenceState]
+    load: RankLoad
+    stats: RankStats
+    num_tokens: int  # forward tokens this step (0: it joined with a zero-token forward)
+    step_s: float
+    comm_s: float  # of which exchanging tokens
+
+
+@dataclass(slots=True)
+class RankFailure:
+    """A rank's last word before it exits."""
+
+    rank: int
+    error: str
