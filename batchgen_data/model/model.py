@@ -21,7 +21,7 @@ from batchgen_data.model.decoder import DecoderLayer, MoEBlock
 from batchgen_data.model.kv_cache import KVCache
 from batchgen_data.model.layers import GatedMLP, SharedExpert, linear, rms_norm
 from batchgen_data.model.loader import load_expert_store, load_layers
-from batchgen_data.model.moe.store import ExpertStore, ShardedExpertStore
+from batchgen_data.model.moe.store import ExpertShard, ExpertStore, ShardedExpertStore
 from batchgen_data.model.rope import RotaryEmbedding
 
 
