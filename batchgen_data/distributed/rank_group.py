@@ -31,6 +31,8 @@ from batchgen_data.distributed.rank_protocol import (
     RankReady,
     RankSetup,
     StepResult,
+    recv,
+    send,
 )
 from batchgen_data.errors import EngineDeadError
 
@@ -74,7 +76,7 @@ class RankGroup:
         theirs.close()
         self.procs.append(proc)
         conn = Connection(ours.detach())
-        conn.send(setup)
+        send(conn, setup)
         self.conns.append(conn)
 
     def step(self, commands: list[RankCommand]) -> list[StepResult]:
@@ -83,7 +85,7 @@ class RankGroup:
             raise EngineDeadError("the expert-parallel rank group was shut down")
         try:
             for conn, command in zip(self.conns, commands):
-                conn.send(command)
+                send(conn, command)
         except OSError as err:
             self._fail(f"a rank stopped reading its commands ({err})")
         return self._collect(self.timeout_s, "step")
@@ -96,7 +98,7 @@ class RankGroup:
             for conn in wait(pending, timeout=_POLL_S):
                 rank = self.conns.index(conn)
                 try:
-                    answer = conn.recv()
+                    answer = recv(conn)
                 except (EOFError, OSError):
                     self._fail(f"rank {rank} exited during {what} (exit status {self.procs[rank].poll()})")
                 if isinstance(answer, RankFailure):
@@ -122,7 +124,7 @@ class RankGroup:
         if not kill:
             for conn in self.conns:
                 try:
-                    conn.send(RankCommand(step=False, shutdown=True))
+                    send(conn, RankCommand(step=False, shutdown=True))
                 except OSError:
                     pass
             deadline = time.monotonic() + _STOP_GRACE_S

@@ -7,7 +7,9 @@ exactly one forward, whose MoE layers meet in their all-to-alls.
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 
 from batchgen_data.engine.engine import RankStats
 from batchgen_data.engine.sampling_params import SamplingParams
@@ -95,3 +97,14 @@ class RankFailure:
 
     rank: int
     error: str
+
+
+def send(conn: Connection, message) -> None:
+    """Plain pickle, not ``Connection.send``'s ForkingPickler: torch registers reducers there that
+    share tensors through file descriptors and the sending process's multiprocessing auth key,
+    which a separately started rank does not have. A KV tensor travels as a copy."""
+    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def recv(conn: Connection):
+    return pickle.loads(conn.recv_bytes())

@@ -33,6 +33,8 @@ from batchgen_data.distributed.rank_protocol import (
     RankReady,
     RankSetup,
     StepResult,
+    recv,
+    send,
 )
 from batchgen_data.engine.engine import Engine, RankStats
 from batchgen_data.engine.sequence import Sequence, SequenceState, SequenceStatus
@@ -47,17 +49,17 @@ def main(argv: list[str] | None = None) -> int:
     conn = Connection(parser.parse_args(argv).fd)
     rank = -1
     try:
-        setup: RankSetup = conn.recv()
+        setup: RankSetup = recv(conn)
         rank = setup.rank
         worker = RankWorker(setup)
-        conn.send(worker.ready())
+        send(conn, worker.ready())
         worker.serve(conn)
         return 0
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return 0  # the driver is gone: nothing to report to
     except BaseException:  # report, then exit: the driver fails every waiter and stops the group
         try:
-            conn.send(RankFailure(rank, traceback.format_exc()))
+            send(conn, RankFailure(rank, traceback.format_exc()))
         except OSError:
             pass
         return 1
@@ -90,10 +92,10 @@ class RankWorker:
 
     def serve(self, conn: Connection) -> None:
         while True:
-            command: RankCommand = conn.recv()
+            command: RankCommand = recv(conn)
             if command.shutdown:
                 return
-            conn.send(self.run(command))
+            send(conn, self.run(command))
 
     def run(self, command: RankCommand) -> StepResult:
         engine = self.engine
@@ -172,6 +174,8 @@ class RankWorker:
             expert_comm_s=stats.expert_comm_s,
             expert_weight_bytes=stats.expert_weight_bytes,
             peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            num_suspended=stats.num_suspended,
+            num_recomputed_tokens=stats.num_recomputed_tokens,
             num_migrated_in=self.num_migrated_in,
             num_migrated_out=self.num_migrated_out,
         )

@@ -51,6 +51,8 @@ class RankStats:
     expert_comm_s: float  # of which in all-to-all and capacity agreement
     expert_weight_bytes: int  # its own experts only
     peak_rss_bytes: int
+    num_suspended: int = 0
+    num_recomputed_tokens: int = 0
     num_migrated_in: int = 0
     num_migrated_out: int = 0
 

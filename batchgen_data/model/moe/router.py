@@ -53,6 +53,10 @@ class Router:
     def num_experts(self) -> int:
         return self.weight.shape[0]
 
+    @property
+    def _group_size(self) -> int:
+        return self.num_experts // self.config.n_group
+
     def __call__(self, x: torch.Tensor) -> Routing:
         weights, ids = self._route(x)
         return Routing(topk_ids=ids, topk_weights=weights.to(x.dtype))
@@ -75,7 +79,7 @@ class Router:
     def _greedy(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         scores = torch.softmax(self._fp32_logits(x), dim=-1)  # [T, E]
         if self.config.kind == "group_limited_greedy":
-            group_best = scores.view(scores.shape[0], self.config.n_group, -1).amax(dim=-1)  # [T, G]
+            group_best = scores.view(scores.shape[0], self.config.n_group, self._group_size).amax(dim=-1)  # [T, G]
             scores = scores.masked_fill(~self._kept_experts(group_best), 0.0)
         weights, ids = torch.topk(scores, self.top_k, dim=-1, sorted=False)
         return weights * self.config.routed_scaling_factor, ids
@@ -83,7 +87,7 @@ class Router:
     def _noaux_tc(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         scores = torch.sigmoid(self._fp32_logits(x))  # [T, E]
         choice = scores if self.correction_bias is None else scores + self.correction_bias
-        group_best = choice.view(choice.shape[0], self.config.n_group, -1).topk(2, dim=-1).values.sum(-1)  # [T, G]
+        group_best = choice.view(choice.shape[0], self.config.n_group, self._group_size).topk(2, dim=-1).values.sum(-1)  # [T, G]
         choice = choice.masked_fill(~self._kept_experts(group_best), float("-inf"))
         ids = torch.topk(choice, self.top_k, dim=-1, sorted=False).indices  # [T, K]
         weights = scores.gather(1, ids)
@@ -98,4 +102,4 @@ class Router:
             return torch.ones(group_scores.shape[0], self.num_experts, dtype=torch.bool, device=group_scores.device)
         best = torch.topk(group_scores, self.config.topk_group, dim=-1, sorted=False).indices  # [T, topk_group]
         kept = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)  # [T, G]
-        return kept[:, :, None].expand(-1, -1, self.num_experts // num_groups).reshape(-1, self.num_experts)
+        return kept[:, :, None].expand(-1, -1, self._group_size).reshape(-1, self.num_experts)

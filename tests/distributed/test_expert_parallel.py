@@ -1,0 +1,177 @@
+"""Expert parallelism across real rank processes: tokens, lockstep under uneven work, MIGRATE
+between ranks, per-rank experts, and death of a rank. Every engine is closed in a ``finally``,
+and the process tests check that no rank outlives its engine."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+from tiny_checkpoints import ARCHITECTURES, hf_greedy_continuations
+
+from batchgen_data import ConfigError, Engine, EngineConfig, EngineDeadError, SamplingParams
+from batchgen_data.model import ModelConfig, MoEModel
+from batchgen_data.model.kv_cache import KVCache
+
+pytestmark = pytest.mark.timeout(240)
+
+# One checkpoint per supported model_type.
+EP_ARCHS = ["mixtral", "qwen3_moe", "qwen2_moe", "olmoe", "deepseek_v3", "deepseek_v2", "glm4_moe", "gpt_oss"]
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [20, 21, 22], list(range(30, 75)), [100], [7, 300, 42, 17, 99],
+           list(range(200, 236)), [9, 8, 7, 6, 5, 4, 3, 2, 1, 11, 12, 13]]
+MAX_NEW = 16
+
+
+def _greedy(max_tokens: int = MAX_NEW) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead too
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _kv_budget(folder, num_tokens: int, block_size: int = 8) -> int:
+    return KVCache.bytes_per_block(MoEModel.from_pretrained(folder).kv_specs, block_size) * (-(-num_tokens // block_size))
+
+
+def test_every_architecture_gives_the_single_process_tokens_under_a_tight_kv_budget(tiny_checkpoint):
+    for arch in EP_ARCHS:
+        assert arch in ARCHITECTURES
+        folder, hf = tiny_checkpoint(arch)
+        refs = hf_greedy_continuations(hf, PROMPTS, MAX_NEW)  # == the single-process engine (test_model_parity)
+        config = EngineConfig(expert_parallel_size=2, block_size=8, max_num_seqs=4, attention_batch_size=2,
+                              max_num_batched_tokens=48, kv_cache_memory_bytes=_kv_budget(folder, 72))
+        engine = Engine(folder, config)
+        try:
+            outs = engine.generate(PROMPTS, _greedy())
+            stats = engine.stats()
+        finally:
+            engine.close()
+        assert [o.token_ids for o in outs] == refs, arch
+        assert stats.num_suspended > 0, f"{arch}: the per-rank budget must force suspensions"
+        assert all(r.num_forwards + r.num_idle_forwards == stats.num_forwards for r in stats.ranks), "lockstep"
+
+
+def test_seeded_sampling_is_the_same_at_one_and_two_ranks(tiny_checkpoint):
+    folder, _ = tiny_checkpoint("qwen3_moe")
+    params = [SamplingParams(max_tokens=12, temperature=0.9, top_p=0.95, seed=100 + i, ignore_eos=True) for i in range(len(PROMPTS))]
+    single = Engine(folder, EngineConfig(block_size=8)).generate(PROMPTS, params)
+    engine = Engine(folder, EngineConfig(expert_parallel_size=2, block_size=8))
+    try:
+        split = engine.generate(PROMPTS, params)
+    finally:
+        engine.close()
+    assert [o.token_ids for o in split] == [o.token_ids for o in single]
+
+
+def test_one_request_bad_prompts_and_a_drained_rank(tiny_checkpoint):
+    """One request leaves a rank with nothing from the first step: it joins every step with a
+    zero-token forward, so nothing hangs. Bad prompts come back as errors beside good ones."""
+    folder, hf = tiny_checkpoint("mixtral")
+    engine = Engine(folder, EngineConfig(expert_parallel_size=2, block_size=8))
+    try:
+        [alone] = engine.generate([PROMPTS[2]], _greedy())
+        assert alone.token_ids == hf_greedy_continuations(hf, [PROMPTS[2]], MAX_NEW)[0]
+        stats = engine.stats()
+        assert sorted(r.num_idle_forwards > 0 for r in stats.ranks) == [False, True]
+        mixed = engine.generate([PROMPTS[0], "", [10, 99999], PROMPTS[1], []], _greedy())
+    finally:
+        engine.close()
+    refs = hf_greedy_continuations(hf, [PROMPTS[0], PROMPTS[1]], MAX_NEW)
+    assert [mixed[0].token_ids, mixed[3].token_ids] == refs
+    assert [o.finish_reason for o in mixed] == ["length", "error", "error", "length", "error"]
+    assert "outside the vocabulary" in mixed[2].error
+
+
+def test_migrate_between_ranks_keeps_tokens(tiny_checkpoint):
+    """Placement evens tokens, not sequences: one long request fills one rank's budget while the
+    other queues fourteen short ones behind a two-slot running set. The long rank has a free slot
+    and nothing queued, so the tail moves queued sequences to it; tokens stay those of one process."""
+    folder, hf = tiny_checkpoint("olmoe")
+    prompts = [[3 + i, 40 + 2 * i, 7, 90 + i] for i in range(15)]
+    lengths = [40] + [3] * 14
+    refs = hf_greedy_continuations(hf, prompts, 40)
+    engine = Engine(folder, EngineConfig(expert_parallel_size=2, block_size=8, max_num_seqs=2, attention_batch_size=2))
+    try:
+        outs = engine.generate(prompts, [_greedy(n) for n in lengths])
+        stats = engine.stats()
+    finally:
+        engine.close()
+    assert [o.token_ids for o in outs] == [ref[:n] for ref, n in zip(refs, lengths)]
+    assert sum(r.num_migrated_out for r in stats.ranks) > 0
+    assert sum(r.num_migrated_in for r in stats.ranks) == sum(r.num_migrated_out for r in stats.ranks)
+
+
+def test_each_rank_loads_only_its_experts(tiny_checkpoint):
+    folder, _ = tiny_checkpoint("deepseek_v3")
+    config = ModelConfig.from_pretrained(folder)
+    full = MoEModel.from_pretrained(folder).expert_store.nbytes
+    engine = Engine(folder, EngineConfig(expert_parallel_size=2, block_size=8))
+    try:
+        owned = [ready.owned_experts for ready in engine.group.ready]
+        held = [ready.expert_weight_bytes for ready in engine.group.ready]
+    finally:
+        engine.close()
+    assert owned == [tuple(range(0, config.num_experts // 2)), tuple(range(config.num_experts // 2, config.num_experts))]
+    assert held == [full // 2, full // 2]
+
+
+def test_expert_count_not_divisible_by_ranks_is_a_config_error(tiny_checkpoint):
+    folder, _ = tiny_checkpoint("qwen3_moe")  # 6 experts
+    with pytest.raises(ConfigError, match="expert_parallel_size=4 must divide"):
+        Engine(folder, EngineConfig(expert_parallel_size=4))
+
+
+def test_sigkill_of_a_rank_fails_every_waiter_and_leaves_no_rank(tiny_checkpoint):
+    folder, _ = tiny_checkpoint("mixtral")
+    engine = Engine(folder, EngineConfig(expert_parallel_size=2, block_size=8, max_num_seqs=2, rank_timeout_s=20))
+    pids = engine.group.pids
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            engine.generate([PROMPTS[i % len(PROMPTS)] for i in range(40)], _greedy(200))
+        except BaseException as err:  # noqa: BLE001 - the test inspects it
+            outcome["error"] = err
+
+    thread = threading.Thread(target=run)
+    try:
+        thread.start()
+        deadline = time.monotonic() + 60
+        while engine.stats().num_forwards < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        killed_at = time.monotonic()
+        os.kill(pids[1], signal.SIGKILL)
+        thread.join(30)
+        assert not thread.is_alive(), "generate must not hang when a rank dies"
+        assert isinstance(outcome.get("error"), EngineDeadError)
+        assert time.monotonic() - killed_at < 15
+        with pytest.raises(EngineDeadError):
+            engine.generate([PROMPTS[0]], _greedy())
+    finally:
+        engine.close()
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert not any(_alive(pid) for pid in pids)
+
+
+def test_close_stops_every_rank(tiny_checkpoint):
+    folder, _ = tiny_checkpoint("mixtral")
+    with Engine(folder, EngineConfig(expert_parallel_size=2, block_size=8)) as engine:
+        pids = engine.group.pids
+        assert all(_alive(pid) for pid in pids)
+    assert not any(_alive(pid) for pid in pids)
+    assert torch.get_num_threads() >= 1
