@@ -40,7 +40,8 @@ def ray_cluster(tmp_path_factory):
     import ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    env_vars = {"BATCHGEN_DATA_CACHE": os.environ["BATCHGEN_DATA_CACHE"], "DS_ACCELERATOR": "cpu"}
+    env_vars = {"BATCHGEN_DATA_CACHE": os.environ["BATCHGEN_DATA_CACHE"], "DS_ACCELERATOR": "cpu",
+                "TORCH_EXTENSIONS_DIR": os.environ["TORCH_EXTENSIONS_DIR"]}
     ray.init(num_cpus=2, include_dashboard=False, _temp_dir=str(tmp_path_factory.mktemp("ray")),
              log_to_driver=False, runtime_env={"env_vars": env_vars})
     ray.data.DataContext.get_current().enable_progress_bars = False

@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--max-num-seqs", type=int, default=256)
     engine.add_argument("--kv-cache-memory-bytes", type=int, default=None)
     engine.add_argument("--expert-backend", choices=("native", "deepspeed"), default="native")
+    engine.add_argument("--expert-parallel-size", type=int, default=1,
+                        help="N > 1: spread the experts over N rank processes (DeepSpeed-MoE all-to-all)")
     dist = run.add_argument_group("distributed (Ray Data)")
     dist.add_argument("--workers", type=int, default=1, help="N > 1: N engine actors through Ray Data")
     dist.add_argument("--address", default=None, help="join this Ray cluster instead of starting one")
@@ -75,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
             engine_config=EngineConfig(device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
                                        max_num_batched_tokens=max(2048, args.max_num_seqs),
                                        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
-                                       expert_backend=args.expert_backend),
+                                       expert_backend=args.expert_backend,
+                                       expert_parallel_size=args.expert_parallel_size),
             prompt_column=args.prompt_column,
             prompt_template=_read_template(args.prompt_template),
             should_continue_on_error=not args.fail_on_error,

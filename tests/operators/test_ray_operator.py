@@ -56,6 +56,16 @@ def test_two_actors_and_parquet_roundtrip(ray_cluster, demo_path, reference_outp
     assert sum(1 for r in out if r["__inference_error__"]) == 3 * len(BAD_ROWS)
 
 
+def test_one_actor_over_two_expert_parallel_ranks(ray_cluster, demo_path, reference_outputs):
+    """The actor's engine spreads the experts over two rank processes of its own: every row once,
+    the same rows as one process gives (the actor's fractional CPU is shared by its ranks)."""
+    rows = mixed_rows()
+    config = {**ENGINE_CONFIG, "expert_parallel_size": 2}
+    out = _run(ray.data.from_items(rows), demo_path, engine_config=config).take_all()
+    assert sorted(r["id"] for r in out) == sorted(r["id"] for r in rows)
+    check_output_rows(out, reference_outputs)
+
+
 class _DiesOnceOperator(BatchGenOperator):
     """The first actor's engine fails mid-batch (a fatal engine error), later actors are healthy."""
 
