@@ -51,6 +51,7 @@ class RankGroup:
     def __init__(self, model_path: str | Path, config: EngineConfig, world_size: int):
         self.world_size = world_size
         self.timeout_s = config.rank_timeout_s
+        self.device_type = config.resolve_device().type  # DeepSpeed's accelerator for the ranks
         self.procs: list[subprocess.Popen] = []
         self.conns: list[Connection] = []
         self._closed = False
@@ -68,10 +69,10 @@ class RankGroup:
     def _start_rank(self, setup: RankSetup) -> None:
         ours, theirs = socket.socketpair()
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        env.setdefault("DS_ACCELERATOR", "cuda" if setup.config.get("device", "").startswith("cuda") else "cpu")
+        env.setdefault("DS_ACCELERATOR", self.device_type)
         proc = subprocess.Popen(
             [sys.executable, "-m", "batchgen_data.distributed.rank_worker", "--fd", str(theirs.fileno())],
-            pass_fds=[theirs.fileno()], env=env, stdout=subprocess.DEVNULL, start_new_session=False,
+            pass_fds=[theirs.fileno()], env=env, stdout=subprocess.DEVNULL,  # stderr stays: their errors
         )
         theirs.close()
         self.procs.append(proc)

@@ -175,3 +175,20 @@ def test_close_stops_every_rank(tiny_checkpoint):
         assert all(_alive(pid) for pid in pids)
     assert not any(_alive(pid) for pid in pids)
     assert torch.get_num_threads() >= 1
+
+
+def test_cli_job_with_two_expert_parallel_ranks(tmp_path, demo_path):
+    import json
+
+    import pyarrow.parquet as pq
+
+    from batchgen_data.jobs.cli import main
+
+    rows = [{"id": i, "prompt": f"Ticket {i}: the parcel arrived {'late' if i % 2 else 'broken'}."} for i in range(6)]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["run", str(tmp_path / "in.jsonl"), "--max-tokens", "4", "--max-num-seqs", "8", "--no-progress"]
+    assert main([args[0], args[1], str(tmp_path / "one"), *args[2:]]) == 0
+    assert main([args[0], args[1], str(tmp_path / "two"), *args[2:], "--expert-parallel-size", "2"]) == 0
+    one, two = (pq.read_table(next((tmp_path / d).glob("part-*"))).to_pylist() for d in ("one", "two"))
+    assert [r["generated_text"] for r in two] == [r["generated_text"] for r in one]
+    assert all(r["__inference_error__"] is None for r in two)
