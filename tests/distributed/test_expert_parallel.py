@@ -168,6 +168,35 @@ def test_sigkill_of_a_rank_fails_every_waiter_and_leaves_no_rank(tiny_checkpoint
     assert not any(_alive(pid) for pid in pids)
 
 
+def test_ranks_exit_when_their_driver_is_killed(tiny_checkpoint, tmp_path):
+    """SIGKILL of the process that holds the engine: its ranks see end of file and exit."""
+    import subprocess
+    import sys
+
+    folder, _ = tiny_checkpoint("mixtral")
+    code = (
+        "import sys, time; from batchgen_data import Engine, EngineConfig;"
+        f"e = Engine({str(folder)!r}, EngineConfig(expert_parallel_size=2, block_size=8));"
+        "print(*e.group.pids, flush=True); time.sleep(600)"
+    )
+    driver = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    pids: list[int] = []
+    try:
+        pids = [int(pid) for pid in driver.stdout.readline().split()]
+        assert len(pids) == 2 and all(_alive(pid) for pid in pids)
+        driver.kill()
+        driver.wait(10)
+        deadline = time.monotonic() + 20
+        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(pid) for pid in pids), "a rank outlived its driver"
+    finally:
+        driver.kill()
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_close_stops_every_rank(tiny_checkpoint):
     folder, _ = tiny_checkpoint("mixtral")
     with Engine(folder, EngineConfig(expert_parallel_size=2, block_size=8)) as engine:
