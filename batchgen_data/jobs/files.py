@@ -76,7 +76,7 @@ class JobManifest:
 
     def check_same_columns(self, previous: JobManifest, output: Path) -> None:
         """After reading the inputs: parts written now would have the columns of those there."""
-        if previous.columns is None or self.columns == previous.columns:
+        if previous.columns is None or self.columns == previous.columns or not any(output.glob("part-*")):
             return
         changed = sorted(k for k in {**previous.columns, **(self.columns or {})}
                          if previous.columns.get(k) != (self.columns or {}).get(k))

@@ -88,8 +88,11 @@ def read_csv(text: str, file_name: str, encoding: str) -> InputTable:
     if good:
         buffer = io.StringIO()
         csv.writer(buffer, lineterminator="\n").writerows(good)
-        options = pacsv.ReadOptions(column_names=names)
-        table = pacsv.read_csv(io.BytesIO(buffer.getvalue().encode("utf-8")), read_options=options)
+        table = pacsv.read_csv(io.BytesIO(buffer.getvalue().encode("utf-8")),
+                               read_options=pacsv.ReadOptions(column_names=names),
+                               parse_options=pacsv.ParseOptions(newlines_in_values=True))
+        if table.num_rows != len(good):  # never seen; a wrong row order would be worse than no file
+            raise ValueError(f"{file_name}: {len(good)} readable CSV rows read back as {table.num_rows}")
     else:
         table = pa.table({name: pa.nulls(0, pa.string()) for name in names})
     positions, k = [], 0
