@@ -1,7 +1,8 @@
 """Batches in the formats Ray Data and datasets hand over: pyarrow, pandas, numpy dicts, dicts of lists.
 
 ``to_columns`` reads any of them as a dict of Python lists; ``with_output_columns`` returns the
-same format with the output columns added under fixed types, so every batch has one schema.
+same format with the output columns added under fixed types, so every batch has one schema, and
+without the reader's ``__input_error__`` column (its message is now in ``__inference_error__``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from batchgen_data.operators.rows import OUTPUT_COLUMNS
+from batchgen_data.operators.rows import INPUT_ERROR_COLUMN, OUTPUT_COLUMNS
 
 OUTPUT_SCHEMA = pa.schema(
     [
@@ -46,21 +47,21 @@ def to_columns(batch: Any) -> tuple[dict[str, list], int]:
 def with_output_columns(batch: Any, added: dict[str, list]) -> Any:
     """``batch`` plus the output columns, in the batch's own format."""
     if isinstance(batch, pa.Table):
-        table = batch.drop_columns([c for c in OUTPUT_COLUMNS if c in batch.column_names])
+        table = batch.drop_columns([c for c in (*OUTPUT_COLUMNS, INPUT_ERROR_COLUMN) if c in batch.column_names])
         for field in OUTPUT_SCHEMA:
             table = table.append_column(field, pa.array(added[field.name], type=field.type))
         return table
     if _is_pandas(batch):
         import pandas as pd
 
-        frame = batch.copy()
+        frame = batch.drop(columns=[INPUT_ERROR_COLUMN], errors="ignore")
         arrow = pa.table({f.name: pa.array(added[f.name], type=f.type) for f in OUTPUT_SCHEMA})
         typed = arrow.to_pandas(types_mapper=pd.ArrowDtype)
         for name in OUTPUT_COLUMNS:
             frame[name] = typed[name].values
         return frame
     if isinstance(batch, Mapping) and batch and all(isinstance(v, np.ndarray) for v in batch.values()):
-        out = dict(batch)
+        out = {k: v for k, v in batch.items() if k != INPUT_ERROR_COLUMN}
         for field in OUTPUT_SCHEMA:
             values = added[field.name]
             if pa.types.is_integer(field.type) and None not in values:
@@ -73,7 +74,8 @@ def with_output_columns(batch: Any, added: dict[str, list]) -> Any:
                 out[field.name] = column
         return out
     if isinstance(batch, Mapping):  # dicts, and datasets' LazyBatch
-        return {**batch, **{name: list(added[name]) for name in OUTPUT_COLUMNS}}
+        kept = {k: batch[k] for k in batch.keys() if k != INPUT_ERROR_COLUMN}
+        return {**kept, **{name: list(added[name]) for name in OUTPUT_COLUMNS}}
     raise TypeError(f"unsupported batch type {type(batch).__name__}")
 
 

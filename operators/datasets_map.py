@@ -46,14 +46,19 @@ def _engine_for(config: StageConfig) -> Engine:
 class BatchGenMap:
     """A ``datasets.Dataset.map(batched=True)`` function adding the generated columns.
 
-    Takes the same arguments as ``BatchGenOperator`` and produces the same output columns.
+    Takes the same arguments as ``BatchGenOperator`` (``json_columns`` included) and produces the
+    same output columns. Reading files is ``datasets``' job (``load_dataset("json", ...)`` stops
+    at a malformed line); a row with a reason in ``__input_error__`` becomes an error row with
+    that message (``datasets`` keeps the input columns a map does not return: pass
+    ``remove_columns=["__input_error__"]`` to ``.map`` to drop that one).
     """
 
     def __init__(self, model: str = "demo", engine_config=None, prompt_column=None, prompt_template=None,
-                 should_continue_on_error: bool = True, **sampling_defaults):
+                 should_continue_on_error: bool = True, json_columns=None, **sampling_defaults):
         self.config = StageConfig(model=model, engine_config=engine_config, prompt_column=prompt_column,
                                   prompt_template=prompt_template,
-                                  should_continue_on_error=should_continue_on_error, **sampling_defaults)
+                                  should_continue_on_error=should_continue_on_error, json_columns=json_columns,
+                                  **sampling_defaults)
 
     def __call__(self, batch: dict) -> dict:
         columns, num_rows = to_columns(batch)

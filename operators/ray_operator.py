@@ -51,6 +51,8 @@ class BatchGenOperator:
             inside Ray actors. ``False`` keeps each batch on its actor.
         lease_timeout_s (float, default 15): how long a silent actor keeps leased rows before
             they go back to the pool.
+        json_columns (list[str] | None, default None): columns holding JSON text, decoded before
+            each row is validated (see ``StageConfig``).
         **sampling_defaults: ``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``,
             ``stop``, ``stop_token_ids``, ``ignore_eos`` for rows without ``sampling_params``.
 
@@ -58,14 +60,22 @@ class BatchGenOperator:
     ``num_generated_tokens``, ``finish_reason``, ``time_taken_llm`` and ``__inference_error__``
     (always present, null on success). Every other column passes through; one output row per
     input row, in input order.
+
+    Reading files is the reader's choice here: ``ray.data.read_json`` / ``read_csv`` stop the
+    whole read at a malformed line or mixed types, as pyarrow does. The ``batchgen-data`` CLI
+    reads such files line by line instead; its tables (and any batch) may carry a reason per row
+    in ``__input_error__``, which makes that row an error row with the message (the column is
+    not passed through).
     """
 
     def __init__(self, model: str = "demo", engine_config=None, prompt_column=None, prompt_template=None,
                  should_continue_on_error: bool = True, rebalance: bool | None = None,
-                 lease_timeout_s: float = 15.0, stats_dir: str | None = None, **sampling_defaults):
+                 lease_timeout_s: float = 15.0, stats_dir: str | None = None, json_columns=None,
+                 **sampling_defaults):
         self.config = StageConfig(model=model, engine_config=engine_config, prompt_column=prompt_column,
                                   prompt_template=prompt_template,
-                                  should_continue_on_error=should_continue_on_error, **sampling_defaults)
+                                  should_continue_on_error=should_continue_on_error, json_columns=json_columns,
+                                  **sampling_defaults)
         if rebalance is None:  # on inside a Ray actor (several actors share a pool), off elsewhere
             rebalance = _in_ray_actor()
         coordinator = None

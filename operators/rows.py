@@ -7,6 +7,7 @@ all present (``__inference_error__`` is null on success), so Parquet schemas sta
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,9 @@ from batchgen_data.errors import BatchGenError, ConfigError
 PROMPT_COLUMNS = ("prompt", "messages", "prompt_token_ids")
 SAMPLING_PARAMS_COLUMN = "sampling_params"
 ERROR_COLUMN = "__inference_error__"
+# A reader's reason to reject a row (an unparseable line, invalid bytes): the row becomes an
+# error row with this message, and the column is not passed through (it would repeat the error).
+INPUT_ERROR_COLUMN = "__input_error__"
 OUTPUT_COLUMNS = (
     "generated_text",
     "generated_tokens",
@@ -46,6 +50,15 @@ class StageConfig:
             raises instead.
         max_tokens, temperature, top_p, top_k, seed, stop, stop_token_ids, ignore_eos: defaults
             for rows without their own ``sampling_params`` (vLLM names; temperature 0 = greedy).
+        json_columns (list[str] | None, default None): columns holding JSON text, decoded to
+            Python values before validation. A reader stores a column this way when its values
+            have no single Arrow type (a ``sampling_params`` that is a string in one row and an
+            object in the next); each row is then validated on its real value. The columns pass
+            through to the output as JSON text.
+
+    Example:
+        >>> StageConfig(model="demo", max_tokens=64, json_columns=["sampling_params"]).json_columns
+        ['sampling_params']
     """
 
     model: str = "demo"
@@ -61,10 +74,15 @@ class StageConfig:
     stop: list[str] | str | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    json_columns: list[str] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.engine_config, dict):
             self.engine_config = EngineConfig(**self.engine_config)
+        if self.json_columns is not None:
+            if isinstance(self.json_columns, str) or not all(isinstance(c, str) for c in self.json_columns):
+                raise ConfigError(f"json_columns must be a list of column names, got {self.json_columns!r}")
+            self.json_columns = list(self.json_columns)
         self.default_params()  # validate defaults eagerly: a bad default is a config error
 
     def default_params(self) -> SamplingParams:
@@ -113,42 +131,87 @@ class RowError(BatchGenError, ValueError):
 
 
 def prepare_rows(columns: dict[str, list], num_rows: int, config: StageConfig) -> list[PreparedRow]:
-    """Validate each row and build its prompt and sampling params (errors become data)."""
+    """Validate each row and build its prompt and sampling params (errors become data).
+
+    A row with a reason in ``__input_error__`` (set by the reader) is an error row with that
+    message. Without ``prompt_column``, each row reads the first of ``prompt`` / ``messages`` /
+    ``prompt_token_ids`` that it has (not null), so batches mixing rows of files with different
+    prompt columns work.
+    """
     defaults = config.default_params()
-    prompt_column = None if config.prompt_template else _pick_prompt_column(columns, config)
-    params_column = columns.get(SAMPLING_PARAMS_COLUMN)
+    input_errors = columns.get(INPUT_ERROR_COLUMN)
+    if input_errors is None:
+        input_errors = [None] * num_rows
+    cells = _Cells(columns, config.json_columns)
+    prompt_columns = None
+    if config.prompt_template is None and any(_is_null(e) for e in input_errors):
+        prompt_columns = _prompt_columns(columns, config)
     rows = []
     for i in range(num_rows):
         row = PreparedRow(index=i)
         try:
-            if prompt_column is None:
-                row.prompt = _format_prompt(config.prompt_template, columns, i)
+            if not _is_null(input_errors[i]):
+                raise RowError(str(input_errors[i]))
+            if prompt_columns is None:
+                row.prompt = _format_prompt(config.prompt_template, cells, i)
             else:
-                row.prompt = _read_prompt(columns[prompt_column][i], prompt_column)
-            row.params = _row_params(params_column[i] if params_column is not None else None, defaults)
+                row.prompt = _read_prompt(*_first_prompt(cells, prompt_columns, i))
+            row.params = _row_params(cells.get(SAMPLING_PARAMS_COLUMN, i), defaults)
         except (BatchGenError, TypeError, ValueError) as err:
             row.prompt, row.params, row.error = None, None, str(err)
         rows.append(row)
     return rows
 
 
-def _pick_prompt_column(columns: dict[str, list], config: StageConfig) -> str:
+class _Cells:
+    """Row values by column, with ``json_columns`` decoded from JSON text (a bad text is that
+    row's error, not the batch's)."""
+
+    def __init__(self, columns: dict[str, list], json_columns: list[str] | None):
+        self.columns = columns
+        self.json_columns = set(json_columns or ()) & set(columns)
+
+    def names(self) -> list[str]:
+        return list(self.columns)
+
+    def get(self, name: str, index: int) -> Any:
+        if name not in self.columns:
+            return None
+        value = self.columns[name][index]
+        if name in self.json_columns and isinstance(value, str):
+            try:
+                return json.loads(value)
+            except json.JSONDecodeError as err:
+                raise RowError(f"column {name!r} should hold JSON text but holds {value[:80]!r} ({err.msg})") from None
+        return value
+
+
+def _prompt_columns(columns: dict[str, list], config: StageConfig) -> list[str]:
     if config.prompt_column is not None:
         if config.prompt_column not in columns:
             raise ConfigError(f"prompt_column {config.prompt_column!r} not in the batch columns {sorted(columns)}")
-        return config.prompt_column
-    for name in PROMPT_COLUMNS:
-        if name in columns:
-            return name
-    raise ConfigError(f"the batch has none of the prompt columns {list(PROMPT_COLUMNS)}; columns: {sorted(columns)}")
+        return [config.prompt_column]
+    present = [name for name in PROMPT_COLUMNS if name in columns]
+    if not present:
+        raise ConfigError(f"the batch has none of the prompt columns {list(PROMPT_COLUMNS)}; columns: {sorted(columns)}")
+    return present
 
 
-def _format_prompt(template: str, columns: dict[str, list], index: int) -> str:
-    values = {name: _to_python(column[index]) for name, column in columns.items()}
+def _first_prompt(cells: _Cells, names: list[str], index: int) -> tuple[Any, str]:
+    """The row's value in the first of ``names`` it has, and that column's name."""
+    for name in names:
+        value = _to_python(cells.get(name, index))
+        if not _is_null(value):
+            return value, name
+    return None, names[0]
+
+
+def _format_prompt(template: str, cells: _Cells, index: int) -> str:
+    values = {name: _to_python(cells.get(name, index)) for name in cells.names()}
     try:
         prompt = template.format(**values)
     except KeyError as err:
-        raise RowError(f"prompt_template needs column {err.args[0]!r}, not in {sorted(columns)}") from None
+        raise RowError(f"prompt_template needs column {err.args[0]!r}, not in {sorted(values)}") from None
     except (IndexError, ValueError) as err:
         raise RowError(f"prompt_template could not be filled: {err}") from None
     if not prompt.strip():

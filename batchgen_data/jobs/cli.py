@@ -5,6 +5,11 @@
 
 Interrupted (Ctrl-C, kill -9)? Run the same command again: finished parts are kept, the rest is
 redone, and every input row comes out exactly once.
+
+Bad input never ends in a traceback: a malformed line or a line with invalid bytes becomes an
+error row; a file that cannot be read at all stops the job before anything is generated, listing
+every such file (or, with --skip-bad-files, is skipped and listed in OUTPUT/_skipped.json).
+Errors exit with status 2, Ctrl-C with 130.
 """
 
 from __future__ import annotations
@@ -31,6 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="build prompts from columns: a text with {column} placeholders, or a file holding it")
     run.add_argument("--output-format", choices=("parquet", "jsonl"), default="parquet")
     run.add_argument("--rows-per-part", type=int, default=256, help="rows per output part file (default 256)")
+    run.add_argument("--encoding", default=None,
+                     help="text encoding of JSONL and CSV inputs (default utf-8; bad bytes mark their row as an error)")
+    run.add_argument("--skip-bad-files", action="store_true",
+                     help="process the readable input files and list the others in OUTPUT/_skipped.json "
+                          "instead of stopping")
     sampling = run.add_argument_group("sampling defaults (rows may override with a sampling_params column)")
     sampling.add_argument("--max-tokens", type=int, default=256)
     sampling.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -67,11 +77,13 @@ def _read_template(value: str | None) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from batchgen_data.config import EngineConfig
-    from batchgen_data.jobs.runner import JobSpec, run_job
-    from batchgen_data.operators.rows import StageConfig
-
     try:
+        # Imported here, inside the handlers: loading them takes seconds, and a Ctrl-C meanwhile
+        # must end the same way as one during the job.
+        from batchgen_data.config import EngineConfig
+        from batchgen_data.jobs.runner import JobSpec, run_job
+        from batchgen_data.operators.rows import StageConfig
+
         stage = StageConfig(
             model=args.model,
             engine_config=EngineConfig(device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
@@ -86,11 +98,12 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos,
         )
         if args.rows_per_part < 1 or args.workers < 1:
-            raise BatchGenError("--rows-per-part and --workers must be >= 1")
+            raise BatchGenError(f"--rows-per-part and --workers must be >= 1, got {args.rows_per_part} and {args.workers}")
         spec = JobSpec(input=args.input, output=args.output, stage=stage, rows_per_part=args.rows_per_part,
                        output_format=args.output_format, workers=args.workers, address=args.address,
                        batch_size=args.batch_size, max_concurrent_batches=args.max_concurrent_batches,
-                       cpus_per_worker=args.cpus_per_worker, show_progress=not args.no_progress)
+                       cpus_per_worker=args.cpus_per_worker, show_progress=not args.no_progress,
+                       encoding=args.encoding, skip_bad_files=args.skip_bad_files)
         summary = run_job(spec)
     except BatchGenError as err:
         print(f"batchgen-data: error: {err}", file=sys.stderr)
@@ -103,6 +116,13 @@ def main(argv: list[str] | None = None) -> int:
         f"({summary.num_parts_skipped} already done), {summary.num_error_rows} error rows, "
         f"{summary.num_output_tokens} output tokens -> {args.output}"
     )
+    for name in summary.empty_inputs:
+        print(f"batchgen-data: {name} has zero rows")
+    if summary.skipped_inputs:
+        print(f"batchgen-data: skipped {len(summary.skipped_inputs)} input files that cannot be read "
+              f"(listed in {args.output / '_skipped.json'}):")
+        for bad in summary.skipped_inputs:
+            print(f"  {bad.file}: {bad.reason}")
     return 0
 
 

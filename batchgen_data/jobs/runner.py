@@ -1,5 +1,7 @@
 """The CLI batch job: run every pending part of the input through the engine, write parts.
 
+Everything that can be checked is checked before the model loads: OUTPUT (``files.check_output``),
+then every input file (``inputs.load_inputs``), so a bad path or file costs no engine start.
 One worker runs an engine in this process and keeps several parts in flight so the running set
 stays full across part boundaries. ``workers > 1`` runs ``BatchGenOperator`` actors through Ray
 Data (a local Ray it starts, or ``address``) and writes each part when all its rows are back.
@@ -12,7 +14,7 @@ import logging
 import math
 import os
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -21,13 +23,14 @@ import pyarrow.compute as pc
 from batchgen_data.jobs.files import (
     JobManifest,
     Part,
-    discover_inputs,
+    check_output,
     open_output,
     plan_parts,
-    read_table,
     write_part,
 )
+from batchgen_data.jobs.inputs import BadInput, discover_inputs, load_inputs
 from batchgen_data.jobs.progress import JobProgress
+from batchgen_data.jobs.readers import resolve_encoding
 from batchgen_data.operators.rows import ERROR_COLUMN, StageConfig
 
 logger = logging.getLogger(__name__)
@@ -48,6 +51,8 @@ class JobSpec:
     max_concurrent_batches: int = 4
     cpus_per_worker: float | None = None
     show_progress: bool = True
+    encoding: str | None = None  # of JSONL and CSV inputs; None: UTF-8
+    skip_bad_files: bool = False  # process the readable files instead of stopping on a bad one
 
 
 @dataclass(slots=True)
@@ -58,31 +63,47 @@ class JobSummary:
     num_error_rows: int = 0
     num_output_tokens: int = 0
     output_files: list[str] = field(default_factory=list)
+    empty_inputs: list[str] = field(default_factory=list)  # files read with zero rows
+    skipped_inputs: list[BadInput] = field(default_factory=list)  # bad files, with skip_bad_files
 
 
 def run_job(spec: JobSpec) -> JobSummary:
+    encoding = resolve_encoding(spec.encoding)
     files = discover_inputs(spec.input)
-    tables = [read_table(f) for f in files]
-    manifest = JobManifest(
-        inputs=[f.name for f in files],
-        input_sizes=[f.stat().st_size for f in files],
-        rows_per_part=spec.rows_per_part,
-        output_format=spec.output_format,
-    )
-    done = open_output(spec.output, manifest)
-    parts = plan_parts([t.num_rows for t in tables], spec.rows_per_part)
+    manifest = JobManifest(inputs=[f.name for f in files], input_sizes=[_size(f) for f in files],
+                           rows_per_part=spec.rows_per_part, output_format=spec.output_format, encoding=encoding)
+    previous = check_output(spec.output)
+    if previous is not None:
+        manifest.check_same_inputs(previous, spec.output)
+    inputs = load_inputs(files, encoding, spec.skip_bad_files)
+    manifest.skipped = [Path(b.file).name for b in inputs.bad]
+    manifest.columns = inputs.column_types
+    if previous is not None:
+        manifest.check_same_columns(previous, spec.output)
+    done = open_output(spec.output, manifest, [asdict(b) for b in inputs.bad])
+    tables = inputs.tables
+    parts = plan_parts([0 if t is None else t.num_rows for t in tables], spec.rows_per_part)
     pending = [p for p in parts if p.output_name(spec.output_format) not in done]
     summary = JobSummary(num_parts=len(parts), num_parts_skipped=len(parts) - len(pending),
-                         num_rows=sum(t.num_rows for t in tables))
+                         num_rows=sum(p.num_rows for p in parts), empty_inputs=inputs.empty_files(),
+                         skipped_inputs=inputs.bad)
+    stage = replace(spec.stage, json_columns=inputs.json_columns or None)
     progress = JobProgress(summary.num_rows, summary.num_rows - sum(p.num_rows for p in pending), spec.show_progress)
     try:
         if spec.workers <= 1:
-            asyncio.run(_run_local(spec, tables, pending, progress, summary))
+            asyncio.run(_run_local(spec, stage, tables, pending, progress, summary))
         else:
-            _run_ray(spec, tables, pending, progress, summary)
+            _run_ray(spec, stage, tables, pending, progress, summary)
     finally:
         progress.close()
     return summary
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:  # a broken link: reported as a bad file once the inputs are checked
+        return -1
 
 
 def _finish_part(spec: JobSpec, part: Part, table: pa.Table, progress: JobProgress, summary: JobSummary) -> None:
@@ -95,10 +116,11 @@ def _finish_part(spec: JobSpec, part: Part, table: pa.Table, progress: JobProgre
     progress.update(table.num_rows, tokens, num_errors)
 
 
-async def _run_local(spec, tables, pending: list[Part], progress, summary) -> None:
+async def _run_local(spec, stage, tables, pending: list[Part], progress, summary) -> None:
     from batchgen_data.operators.ray_operator import BatchGenOperator
 
-    stage = spec.stage
+    if not pending:  # nothing to generate: no engine to load
+        return
     operator = BatchGenOperator(**_operator_kwargs(stage))
     # Enough parts in flight to keep the engine's running set full across part boundaries.
     in_flight = max(2, math.ceil(operator.engine.engine.max_running_seqs / spec.rows_per_part) + 1)
@@ -116,7 +138,7 @@ async def _run_local(spec, tables, pending: list[Part], progress, summary) -> No
         operator.engine.shutdown()
 
 
-def _run_ray(spec, tables, pending: list[Part], progress, summary) -> None:
+def _run_ray(spec, stage, tables, pending: list[Part], progress, summary) -> None:
     import ray
 
     from batchgen_data.operators.ray_operator import BatchGenOperator
@@ -143,7 +165,6 @@ def _run_ray(spec, tables, pending: list[Part], progress, summary) -> None:
             # actors starve them and the pipeline hangs without an error.
             total = ray.cluster_resources().get("CPU", 1)
             cpus = max(0.25, min(1.0, (total - 1) / spec.workers))
-        stage = spec.stage
         ds = ray.data.from_arrow(blocks).map_batches(
             BatchGenOperator,
             fn_constructor_kwargs=_operator_kwargs(stage),

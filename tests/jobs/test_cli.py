@@ -129,10 +129,16 @@ def test_interrupted_job_resumes_with_every_row_exactly_once(tmp_path, reference
 
 
 @pytest.mark.timeout(300)
-def test_ray_workers_give_the_same_rows(tmp_path, reference):
-    inp = tmp_path / "in.jsonl"
+def test_ray_workers_give_the_same_rows_bad_lines_included(tmp_path, reference):
+    """Ray Data joins blocks of different files into batches: the job gives them one schema."""
+    inp = tmp_path / "in"
+    inp.mkdir()
     rows = _rows(24)
-    inp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lines = [json.dumps({**r, "sampling_params": {"max_tokens": MAX_TOKENS}}) for r in rows[:11]]
+    lines.append(json.dumps({**rows[11], "sampling_params": "max_tokens=2"}))  # mixed types: row 11's error
+    lines.insert(5, '{"id": 99, "prompt": "cut short')  # line 6: an error row
+    (inp / "a.jsonl").write_text("".join(line + "\n" for line in lines))
+    pq.write_table(pa.Table.from_pylist([{**r, "source": "b"} for r in rows[12:]]), inp / "b.parquet")
     out = tmp_path / "out"
     env = dict(os.environ, RAY_AUTH_MODE="disabled")
     proc = subprocess.run(
@@ -140,9 +146,13 @@ def test_ray_workers_give_the_same_rows(tmp_path, reference):
          "--rows-per-part", "5", "--workers", "2", "--batch-size", "4", *ENGINE_ARGS],
         capture_output=True, env=env, timeout=280,
     )
-    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    assert proc.returncode == 0 and b"Traceback" not in proc.stderr, proc.stderr.decode()[-3000:]
     got = _read_output(out)
-    assert sorted(r["id"] for r in got) == [r["id"] for r in rows]
-    assert all(r["generated_text"] == reference[r["id"]] for r in got)
+    assert len(got) == 25 and sorted(r["id"] for r in got if r["id"] is not None) == [r["id"] for r in rows]
+    errors = {r["id"]: r["__inference_error__"] for r in got if r["__inference_error__"]}
+    assert errors == {None: "a.jsonl line 6: invalid JSON at column 22: Unterminated string",
+                      11: "sampling_params must be a dict, got str"}
+    assert all(r["generated_text"] == reference[r["id"]] for r in got if r["id"] not in errors)
     ids_by_part = {p.name: [r["id"] for r in pq.read_table(p).to_pylist()] for p in out.glob("part-*")}
-    assert all(ids == sorted(ids) for ids in ids_by_part.values())  # input order within a part
+    assert all(ids == sorted(ids) for ids in ids_by_part.values() if None not in ids)  # input order within a part
+    assert ids_by_part["part-00000-000000005.parquet"] == [None, 5, 6, 7, 8]

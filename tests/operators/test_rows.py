@@ -9,8 +9,8 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 from batchgen_data.operators import OUTPUT_COLUMNS
-from batchgen_data.operators.batch_format import OUTPUT_SCHEMA
-from batchgen_data.operators.rows import RowError, StageConfig, prepare_rows
+from batchgen_data.operators.batch_format import OUTPUT_SCHEMA, with_output_columns
+from batchgen_data.operators.rows import INPUT_ERROR_COLUMN, RowError, StageConfig, prepare_rows
 from stage_rows import ENGINE_CONFIG, MAX_TOKENS, check_output_rows, mixed_rows
 
 from batchgen_data import BatchGenMap, BatchGenOperator
@@ -30,6 +30,45 @@ def test_prepare_rows_turns_bad_rows_into_errors():
     assert "top_p" in errors[102] and "max_tokens" in errors[103]
     good = [p for p in prepared if p.error is None]
     assert all(p.params.max_tokens in (5, 3, 12) for p in good)
+
+
+def test_reader_errors_and_json_columns_reach_row_validation():
+    columns = {
+        "prompt": ["ok", None, "ok", "ok", "ok"],
+        "sampling_params": ['{"max_tokens": 3}', None, '"max_tokens=3"', "{not json", None],
+        INPUT_ERROR_COLUMN: [None, "in.jsonl line 2: invalid JSON at column 9: Expecting value", None, None, None],
+    }
+    prepared = prepare_rows(columns, 5, StageConfig(max_tokens=5, json_columns=["sampling_params"]))
+    assert prepared[0].error is None and prepared[0].params.max_tokens == 3  # decoded, then applied
+    assert prepared[1].error == "in.jsonl line 2: invalid JSON at column 9: Expecting value"
+    assert prepared[2].error == "sampling_params must be a dict, got str"
+    assert prepared[3].error.startswith("column 'sampling_params' should hold JSON text but holds '{not json'")
+    assert prepared[4].error is None and prepared[4].params.max_tokens == 5
+    # A batch whose every row the reader rejected needs no prompt column.
+    only_errors = prepare_rows({INPUT_ERROR_COLUMN: ["bad line"]}, 1, StageConfig())
+    assert [p.error for p in only_errors] == ["bad line"]
+    with pytest.raises(ValueError, match="json_columns must be a list of column names, got 'sampling_params'"):
+        StageConfig(json_columns="sampling_params")
+
+
+def test_each_row_reads_the_first_prompt_column_it_has():
+    # Rows of files with different prompt columns share batches (and, in a CLI job, columns).
+    messages = [{"role": "user", "content": "Hi"}]
+    columns = {"prompt": ["text", None, None], "messages": [None, messages, None]}
+    prepared = prepare_rows(columns, 3, StageConfig())
+    assert [p.prompt for p in prepared[:2]] == ["text", messages]
+    assert prepared[2].error == "missing prompt (column 'prompt' is null)"
+
+
+@pytest.mark.parametrize("fmt", ["pyarrow", "pandas", "numpy", "dict"])
+def test_the_reader_error_column_is_not_passed_through(fmt):
+    table = pa.table({"prompt": ["a"], INPUT_ERROR_COLUMN: pa.array(["bad line"], pa.string())})
+    batch = {"pyarrow": table, "pandas": table.to_pandas(), "dict": table.to_pydict(),
+             "numpy": {k: np.array(v, dtype=object) for k, v in table.to_pydict().items()}}[fmt]
+    added = {name: [None] for name in OUTPUT_COLUMNS}
+    out = with_output_columns(batch, added)
+    names = out.column_names if fmt == "pyarrow" else list(out.columns if fmt == "pandas" else out)
+    assert INPUT_ERROR_COLUMN not in names and "prompt" in names and set(OUTPUT_COLUMNS) <= set(names)
 
 
 def test_missing_prompt_column_is_a_config_error():
