@@ -20,7 +20,7 @@ _EXPORTS = {
     "RequestError": "batchgen_data.errors",
     "EngineConfig": "batchgen_data.config",
     "Engine": "batchgen_data.engine.engine",
-    "EngineStats": "batchgen_data.engine.engine",
+    "EngineStats": "batchgen_data.engine.stats",
     "GenerationOutput": "batchgen_data.engine.outputs",
     "SamplingParams": "batchgen_data.engine.sampling_params",
     "BatchGenOperator": "batchgen_data.operators",
@@ -43,9 +43,10 @@ __all__ = [
 
 if TYPE_CHECKING:
     from batchgen_data.config import EngineConfig
-    from batchgen_data.engine.engine import Engine, EngineStats
+    from batchgen_data.engine.engine import Engine
     from batchgen_data.engine.outputs import GenerationOutput
     from batchgen_data.engine.sampling_params import SamplingParams
+    from batchgen_data.engine.stats import EngineStats
     from batchgen_data.errors import (
         BatchGenError,
         CheckpointError,

@@ -28,8 +28,9 @@ from batchgen_data.config import EngineConfig
 from batchgen_data.distributed.rank_group import RankGroup
 from batchgen_data.distributed.rank_protocol import NewSequence, RankCommand, RankLoad, StepResult
 from batchgen_data.engine.block_manager import BlockManager
-from batchgen_data.engine.engine import Engine, EngineStats, RankStats
+from batchgen_data.engine.engine import Engine
 from batchgen_data.engine.sequence import Sequence, SequenceState, SequenceStatus
+from batchgen_data.engine.stats import EngineStats, RankStats
 from batchgen_data.engine.tokenizer import PromptTokenizer
 from batchgen_data.errors import BatchGenError, ConfigError
 from batchgen_data.model.config import ModelConfig

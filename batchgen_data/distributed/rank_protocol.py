@@ -11,9 +11,9 @@ import pickle
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
-from batchgen_data.engine.engine import RankStats
 from batchgen_data.engine.sampling_params import SamplingParams
 from batchgen_data.engine.sequence import SequenceState
+from batchgen_data.engine.stats import RankStats
 
 
 @dataclass(slots=True)

@@ -36,8 +36,9 @@ from batchgen_data.distributed.rank_protocol import (
     recv,
     send,
 )
-from batchgen_data.engine.engine import Engine, RankStats
+from batchgen_data.engine.engine import Engine
 from batchgen_data.engine.sequence import Sequence, SequenceState, SequenceStatus
+from batchgen_data.engine.stats import RankStats
 
 # Moving a sequence between ranks of one node: a pickled copy through a local socket.
 _RANK_TRANSFER_BYTES_PER_S = 1e9

@@ -76,31 +76,17 @@ class ExpertShard:
         return range(self.rank * per_rank, (self.rank + 1) * per_rank)
 
 
-class ShardedExpertStore:
+class ShardedExpertStore(ResidentExpertStore):
     """Only this rank's experts of every sparse layer, resident; ``row_of`` maps global ids to
     local rows (-1 for the other ranks' experts, which this process never loads)."""
 
     def __init__(self, layers: dict[int, ExpertWeights], num_experts: int, shard: ExpertShard):
-        self.num_experts = num_experts
+        super().__init__(layers, num_experts)
         self.shard = shard
-        self._owned = tuple(shard.owned(num_experts))
+        self._all = tuple(shard.owned(num_experts))
         row_of = torch.full((num_experts,), -1, dtype=torch.long)
-        row_of[list(self._owned)] = torch.arange(len(self._owned))
+        row_of[list(self._all)] = torch.arange(len(self._all))
         for weights in layers.values():
-            if weights.num_rows != len(self._owned):
-                raise ValueError(f"a shard holds {weights.num_rows} experts, expected {len(self._owned)}")
+            if weights.num_rows != len(self._all):
+                raise ValueError(f"a shard holds {weights.num_rows} experts, expected {len(self._all)}")
             weights.row_of = row_of
-        self._layers = layers
-
-    def owned(self, layer_id: int) -> tuple[int, ...]:
-        return self._owned
-
-    def weights(self, layer_id: int, expert_ids: list[int] | None = None) -> ExpertWeights:
-        return self._layers[layer_id]
-
-    def layer_ids(self) -> tuple[int, ...]:
-        return tuple(self._layers)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(w.nbytes for w in self._layers.values())

@@ -1,0 +1,52 @@
+"""What an engine reports about itself: ``EngineStats``, and ``RankStats`` per expert-parallel rank."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class RankStats:
+    """One expert-parallel rank's counters (``EngineStats.ranks``)."""
+
+    rank: int
+    num_generated_tokens: int
+    num_forward_tokens: int
+    num_forwards: int
+    num_idle_forwards: int  # steps it joined with nothing to run
+    busy_s: float  # wall time inside its steps
+    expert_comm_s: float  # of which in all-to-all and capacity agreement
+    expert_weight_bytes: int  # its own experts only
+    peak_rss_bytes: int
+    num_suspended: int = 0
+    num_recomputed_tokens: int = 0
+    num_migrated_in: int = 0
+    num_migrated_out: int = 0
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """A snapshot of the engine's counters."""
+
+    num_requests: int
+    num_finished: int
+    num_generated_tokens: int
+    num_forwards: int
+    num_forward_tokens: int
+    mean_tokens_per_expert_call: float
+    kernel_s: float
+    busy_s: float  # wall time inside step()
+    num_suspended: int
+    num_resumed_swap: int
+    num_resumed_recompute: int
+    num_recomputed_tokens: int
+    num_kv_blocks: int  # per rank under expert parallelism
+    num_idle_forwards: int = 0  # zero-token forwards run to keep expert-parallel ranks in lockstep
+    expert_comm_s: float = 0.0  # seconds the MoE layers spent exchanging tokens between ranks
+    expert_weight_bytes: int = 0  # routed-expert weights resident in this process (each rank's own)
+    ranks: list[RankStats] = field(default_factory=list)  # one per expert-parallel rank
+
+    @property
+    def runtime_overhead(self) -> float:
+        """Share of step() wall time spent outside model modules and the sampler."""
+        return 1.0 - self.kernel_s / self.busy_s if self.busy_s else 0.0
