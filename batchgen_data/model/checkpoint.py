@@ -17,6 +17,7 @@ from safetensors import safe_open
 
 from batchgen_data.errors import CheckpointError
 from batchgen_data.model.config import ModelConfig
+from batchgen_data.model.fp8 import FP8_DTYPES, dequantize_fp8
 from batchgen_data.model.moe.experts import ExpertWeights
 from batchgen_data.model.mxfp4 import dequantize_mxfp4
 
@@ -30,9 +31,11 @@ _EXPERT_NAMES = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
 class CheckpointReader:
     """Lazy access to the tensors of all safetensors files in a folder, by name."""
 
-    def __init__(self, folder: str | Path, dtype: torch.dtype, device: torch.device | str):
+    def __init__(self, folder: str | Path, dtype: torch.dtype, device: torch.device | str,
+                 fp8_block_size: tuple[int, int] | None = None):
         self.folder = Path(folder)
         self.dtype, self.device = dtype, device
+        self.fp8_block_size = fp8_block_size  # (rows, cols) of a block-scaled FP8 weight's scale blocks
         index = self.folder / "model.safetensors.index.json"
         if index.is_file():
             weight_map = json.loads(index.read_text())["weight_map"]
@@ -72,8 +75,19 @@ class CheckpointReader:
         return tuple(self._where[name].get_slice(name).get_shape())
 
     def get(self, name: str, dtype: torch.dtype | None = None, rows: range | None = None) -> torch.Tensor:
-        """The tensor in the engine's dtype (or ``dtype``) on the engine's device."""
-        return self.place(self.raw(name, rows), dtype)
+        """The tensor in the engine's dtype (or ``dtype``) on the engine's device; a block-scaled
+        FP8 weight (with its ``*_scale_inv`` beside it) comes dequantized."""
+        tensor = self.raw(name, rows)
+        scale_name = f"{name}_scale_inv"
+        if tensor.dtype in FP8_DTYPES and scale_name in self._where:
+            if self.fp8_block_size is None:
+                raise CheckpointError(f"{name} is FP8 but config.json's quantization_config gives no weight_block_size")
+            scale = self.raw(scale_name, rows if tensor.dim() == 3 else None)
+            try:
+                tensor = dequantize_fp8(tensor, scale, self.fp8_block_size)
+            except ValueError as err:
+                raise CheckpointError(f"{name}: {err}") from None
+        return self.place(tensor, dtype)
 
     def place(self, tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         tensor = tensor.to(device=self.device, dtype=dtype or self.dtype)

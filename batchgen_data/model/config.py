@@ -63,7 +63,8 @@ class ModelConfig:
     # How a fused expert tensor stores its matrices: "auto" guesses from the shapes ([E, out, in]
     # or the transpose); "in_out" is [E, in, out] with gate and up interleaved (gpt-oss).
     expert_layout: str = "auto"
-    quantization: str | None = None  # "mxfp4": experts stored as *_blocks / *_scales (gpt-oss)
+    quantization: str | None = None  # "mxfp4" (gpt-oss experts) or "fp8" (block-scaled, DeepSeek-V3)
+    fp8_block_size: tuple[int, int] | None = None  # quantization_config.weight_block_size for "fp8"
     sparse_layer_ids: tuple[int, ...] = ()
     sliding_windows: tuple[int | None, ...] = ()  # per layer; None = full attention
     eos_token_ids: tuple[int, ...] = ()

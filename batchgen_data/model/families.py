@@ -14,7 +14,7 @@ from batchgen_data.errors import CheckpointError, UnsupportedModelError
 from batchgen_data.model.options import MLAConfig, RopeConfig, RouterConfig
 
 _ROPE_TYPES = ("default", "linear", "yarn", "llama3")
-_QUANTIZATIONS = {"gpt_oss": ("mxfp4",)}
+_QUANTIZATIONS = {"gpt_oss": ("mxfp4",), "deepseek_v3": ("fp8",)}
 
 
 def read_family(cfg: dict) -> dict:
@@ -148,6 +148,7 @@ def _deepseek(cfg: dict) -> dict:
         router = RouterConfig(method, n_group=cfg.get("n_group") or 1, topk_group=cfg.get("topk_group") or 1,
                               routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)))
         interleave = True
+    fp8 = _fp8_block_size(cfg)
     freq = cfg.get("moe_layer_freq", 1) or 1
     first_dense = cfg.get("first_k_dense_replace", 0) or 0
     bias = bool(cfg.get("attention_bias", False))
@@ -165,7 +166,26 @@ def _deepseek(cfg: dict) -> dict:
         shared_expert_intermediate_size=_need(cfg, "moe_intermediate_size") * (cfg.get("n_shared_experts") or 0),
         sparse_layer_ids=tuple(i for i in range(layers) if i >= first_dense and i % freq == 0),
         sliding_windows=(None,) * layers,
+        quantization="fp8" if fp8 else None,
+        fp8_block_size=fp8,
     )
+
+
+def _fp8_block_size(cfg: dict) -> tuple[int, int] | None:
+    """DeepSeek's block-scaled FP8 release format: e4m3 weights, scales per weight block."""
+    quant = cfg.get("quantization_config") or {}
+    if quant.get("quant_method") != "fp8":
+        return None
+    fmt = quant.get("fmt", "e4m3")
+    if fmt != "e4m3":
+        raise UnsupportedModelError(f"quantization_config.fmt {fmt!r} is not supported; supported: ['e4m3']")
+    block = quant.get("weight_block_size")
+    if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
+        raise UnsupportedModelError(
+            f"quantization_config.weight_block_size {block!r} is not supported; supported: two positive ints "
+            "(per-block scales, as DeepSeek-V3 ships)"
+        )
+    return (block[0], block[1])
 
 
 def _glm4_moe(cfg: dict) -> dict:

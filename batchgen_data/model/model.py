@@ -51,7 +51,7 @@ class MoEModel:
         """Load a checkpoint folder; with ``expert_shard`` (an expert-parallel rank, inside its
         initialised process group) only that rank's experts are read."""
         config = ModelConfig.from_pretrained(folder)
-        reader = CheckpointReader(folder, dtype, device)
+        reader = CheckpointReader(folder, dtype, device, config.fp8_block_size)
         store = load_expert_store(reader, config, expert_shard)
         world_size = 1 if expert_shard is None else expert_shard.world_size
         layers = load_layers(reader, config, store, expert_backend, world_size)

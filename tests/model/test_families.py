@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from tiny_checkpoints import _COMMON, ARCHITECTURES, hf_greedy_continuations
 
 from batchgen_data import CheckpointError, Engine, EngineConfig, SamplingParams
@@ -89,7 +90,9 @@ def _raw_config(arch: str, **overrides) -> dict:
         ("deepseek_v3", {"scoring_func": "softmax"}, "scoring_func"),
         ("deepseek_v2", {"topk_method": "noaux_tc"}, "topk_method"),
         ("deepseek_v2", {"norm_topk_prob": True}, "norm_topk_prob"),
-        ("deepseek_v3", {"quantization_config": {"quant_method": "fp8"}}, "quant_method"),
+        ("deepseek_v3", {"quantization_config": {"quant_method": "gptq"}}, "quant_method"),
+        ("deepseek_v3", {"quantization_config": {"quant_method": "fp8", "weight_block_size": 128}}, "weight_block_size"),
+        ("glm4_moe", {"quantization_config": {"quant_method": "fp8"}}, "quant_method"),
         ("glm4_moe", {"hidden_act": "gelu"}, "hidden_act"),
         ("gpt_oss", {"layer_types": ["sliding_attention", "chunked_attention", "full_attention", "full_attention"]}, "layer_types"),
         ("mixtral", {"model_type": "llama4"}, "model_type"),
@@ -112,3 +115,81 @@ def test_unsupported_checkpoint_fails_in_the_engine_with_a_checkpoint_error(tmp_
     (tmp_path / "config.json").write_text(json.dumps(_raw_config("deepseek_v3", topk_method="group_limited_greedy")))
     with pytest.raises(CheckpointError, match="topk_method"):
         Engine(tmp_path)
+
+
+def _reference_fp8_dequantize(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """Block by block, from the format's definition: w[i, j] * scale[i // bn, j // bk]."""
+    out = weight.float().clone()
+    bn, bk = block
+    for bi in range(scale.shape[0]):
+        for bj in range(scale.shape[1]):
+            out[bi * bn : (bi + 1) * bn, bj * bk : (bj + 1) * bk] *= scale[bi, bj]
+    return out
+
+
+def _hf_weight(hf, name: str) -> torch.Tensor:
+    """The transformers parameter (or the slice of a fused expert tensor) a checkpoint key loads into."""
+    if ".experts." not in name:
+        return hf.get_parameter(name)
+    prefix, rest = name.split(".experts.")
+    expert, proj = int(rest.split(".")[0]), rest.split(".")[1]
+    if proj == "down_proj":
+        return hf.get_parameter(f"{prefix}.experts.down_proj")[expert]
+    gate_up = hf.get_parameter(f"{prefix}.experts.gate_up_proj")[expert]  # [2F, H]
+    half = gate_up.shape[0] // 2
+    return gate_up[:half] if proj == "gate_proj" else gate_up[half:]
+
+
+def test_block_scaled_fp8_deepseek_checkpoint_matches_transformers_on_its_dequantized_weights(tiny_checkpoint, tmp_path):
+    """DeepSeek-V3 releases store projections as FP8 with a scale per weight block; the engine
+    dequantizes them at load. Blocks of 16 x 16 on the tiny model leave partial blocks at edges."""
+    import copy
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    from tiny_checkpoints import hf_greedy_continuations
+
+    from batchgen_data.model.attention.metadata import build_attention_metadata
+
+    folder, cached = tiny_checkpoint("deepseek_v3")
+    hf = copy.deepcopy(cached)
+    out = tmp_path / "deepseek-v3-fp8"
+    shutil.copytree(folder, out)
+    block = (16, 16)
+    state = load_file(str(out / "model.safetensors"))
+    quantized = 0
+    for name in list(state):
+        weight = state[name]
+        if not name.endswith("proj.weight") or weight.dim() != 2:
+            continue  # norms, embeddings, lm_head and the router stay in full precision, as released
+        rows, cols = weight.shape
+        padded = torch.zeros(-(-rows // 16) * 16, -(-cols // 16) * 16)
+        padded[:rows, :cols] = weight
+        blocks = padded.view(padded.shape[0] // 16, 16, padded.shape[1] // 16, 16)
+        scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / 448.0  # e4m3's largest finite value
+        fp8 = (weight / scale.repeat_interleave(16, 0)[:rows].repeat_interleave(16, 1)[:, :cols]).to(torch.float8_e4m3fn)
+        state[name], state[f"{name}_scale_inv"] = fp8, scale
+        with torch.no_grad():
+            _hf_weight(hf, name).copy_(_reference_fp8_dequantize(fp8, scale, block))
+        quantized += 1
+    assert quantized > 20
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                     "weight_block_size": list(block)}
+    (out / "config.json").write_text(json.dumps(config))
+
+    model = MoEModel.from_pretrained(out)
+    prompts = PROMPTS[:4]
+    lens = [len(p) for p in prompts]
+    tables, start = [], 0
+    for n in lens:
+        tables.append(list(range(start, start + -(-n // 8))))
+        start += -(-n // 8)
+    hidden = model.forward(torch.tensor(sum(prompts, [])), build_attention_metadata(lens, lens, tables, 8),
+                           model.new_kv_cache(start, 8))
+    with torch.no_grad():
+        ref = torch.cat([hf(torch.tensor([p])).logits[0] for p in prompts])
+    assert (model.compute_logits(hidden) - ref).abs().max().item() < 1e-4
+    outs = Engine(out, EngineConfig(block_size=8)).generate(prompts, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+    assert [o.token_ids for o in outs] == hf_greedy_continuations(hf, prompts, 12)
