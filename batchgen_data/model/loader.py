@@ -7,10 +7,10 @@ import math
 
 import torch
 
+from batchgen_data.errors import ConfigError
 from batchgen_data.model.attention.gqa import GQAAttention
 from batchgen_data.model.attention.mla import MLAAttention
 from batchgen_data.model.attention.spec import AttentionLayer
-from batchgen_data.errors import ConfigError
 from batchgen_data.model.checkpoint import (
     CheckpointReader,
     moe_prefix,

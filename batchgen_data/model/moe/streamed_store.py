@@ -42,14 +42,15 @@ EVICTION_POLICIES = ("next_use", "lru")
 _FREE, _QUEUED, _LOADING, _READY = range(4)  # a slot's state
 _IDLE_CHECK_S = 1.0  # an idle fetch thread notices within this long that its store is gone
 _HEAT_DECAY = 0.5  # per call of a layer: how fast an expert's request history fades
+_PREDICT_HEAT = 1.0  # prefetch the experts asked for in the last call of their layer
 
 
 @dataclass(slots=True)
 class StreamStats:
     """Cumulative counters of a streamed store."""
 
-    num_hits: int = 0  # requested experts already in a slot, or on their way (fetched ahead)
-    num_misses: int = 0  # requested experts fetched on demand
+    num_hits: int = 0  # requested experts already in a slot, or being copied there ahead of use
+    num_misses: int = 0  # requested experts copied on demand
     num_prefetched: int = 0  # copies made ahead of a request
     bytes_fetched: int = 0
     fetch_s: float = 0.0  # seconds the fetch thread spent copying
@@ -171,11 +172,12 @@ class StreamedExpertStore:
             self.stats.num_misses += 1
             slot = self._take(key)
             self._demand.append(slot)
+        elif self._state[slot] == _QUEUED and slot in self._ahead:  # asked for before its copy began
+            self.stats.num_misses += 1
+            self._ahead.remove(slot)
+            self._demand.append(slot)
         else:
             self.stats.num_hits += 1
-            if self._state[slot] == _QUEUED and slot in self._ahead:  # asked for before its turn came
-                self._ahead.remove(slot)
-                self._demand.append(slot)
         self._pinned.add(slot)
         self._used[slot] = self._tick
         return slot
@@ -236,7 +238,7 @@ class StreamedExpertStore:
         for step in range(1, horizon):
             layer = self._layers[(self._current + step) % num_layers]
             heat = self._heat[layer]
-            for e in sorted((e for e in self._all if heat[e] >= _HEAT_DECAY), key=lambda e: -heat[e]):
+            for e in sorted((e for e in self._all if heat[e] >= _PREDICT_HEAT), key=lambda e: -heat[e]):
                 if room == 0:
                     return  # the slots left are all spoken for by nearer layers' experts
                 room -= 1
