@@ -2,6 +2,6 @@
 
 Owns: ``cli.py`` (argument parsing, exit codes), ``runner.py`` (runs pending parts through one
 local engine or Ray Data actors), ``files.py`` (input discovery, parts, atomic part files, the
-resume manifest), ``progress.py``.
+resume manifest), ``progress.py``, ``sizes.py`` (byte sizes with units).
 May import: everything below it (operators, distributed, engine, model, config, errors).
 """

@@ -9,15 +9,16 @@ Shape legend: S = slots, E = experts per layer, H and F as in ``experts.py``.
 NOTE: the fetch loop. ``weights(l, ids)`` pins the slots already holding layer l's requested
 experts (hits, including copies fetched ahead and still in flight), takes a victim slot for each
 missing one and queues its copy on the demand queue in id order (both backends run experts in id
-order), then queues prefetches: the experts each upcoming layer asked for last time, hottest
-first, as many as the slots the current layer leaves hold. It returns at once; the answer's ``row(e)`` blocks until expert e's copy has landed, so the
-backend computes expert e while later ones are still being copied. One background thread does
-every copy (demand queue first), so fetching also overlaps attention, routers and the other
-layers' GEMMs. Victims (``eviction="next_use"``): the unpinned slot whose layer comes back latest
-in the layer cycle, least recently used among equals; a prefetch may only evict a slot used later
-than the expert it fetches, so fetching ahead never evicts what is needed sooner. Layers run in a
-fixed cycle, for which plain LRU (``eviction="lru"``, prefetching only the next layer) evicts
-exactly the experts needed soonest once the model is larger than the pool.
+order), then queues prefetches: the experts each upcoming layer asked for last time, hottest first,
+as many as the slots the current layer leaves hold. It returns at once; the answer's ``row(e)``
+blocks until expert e's copy has landed, so the backend computes expert e while later ones are
+still being copied. One background thread does every copy (demand queue first), so fetching also
+overlaps attention, routers and the other layers' GEMMs. Victims (``eviction="next_use"``): the
+unpinned slot whose layer comes back latest in the layer cycle, least recently used among equals; a
+prefetch may only evict a slot used later than the expert it fetches, so fetching ahead never
+evicts what is needed sooner. Layers run in a fixed cycle, for which plain LRU (``eviction="lru"``,
+prefetching only the next layer) evicts exactly the experts needed soonest once the model is larger
+than the pool.
 """
 
 from __future__ import annotations
