@@ -93,6 +93,8 @@ class StreamedExpertStore:
         self._demand: deque[int] = deque()  # slots to fill now, in the order they will be read
         self._ahead: deque[int] = deque()  # slots to fill ahead of their request
         self._heat = {layer: [0.0] * num_experts for layer in self._layers}
+        self._likely: dict[int, list[int]] = {layer: [] for layer in self._layers}  # prefetch order per layer
+        self._candidates: deque[int] | None = None  # victims for the request in hand, first to evict first
         self._current = len(self._layers) - 1  # position of the last layer asked for: layer 0 comes next
         self._tick = 0
         self.stats = StreamStats()
@@ -130,6 +132,7 @@ class StreamedExpertStore:
                 self._raise_if_failed()
                 self._release()
                 self._current, self._tick = self._pos[layer_id], self._tick + 1
+                self._candidates = None  # ordered at the first miss
                 for expert_id in sorted(expert_ids):
                     row_of[expert_id] = self._pin((layer_id, expert_id))
                 self._note_request(layer_id, expert_ids)
@@ -187,10 +190,14 @@ class StreamedExpertStore:
         """A slot for ``key``: free or evictable, waiting for an in-flight copy to land if every
         unpinned slot is loading."""
         while True:
-            candidates = self._victims()
-            if candidates:
-                self._assign(candidates[0], key)
-                return candidates[0]
+            if self._candidates is None:
+                self._candidates = deque(self._victims())
+            while self._candidates:
+                slot = self._candidates.popleft()
+                if slot not in self._pinned and self._state[slot] != _LOADING:
+                    self._assign(slot, key)
+                    return slot
+            self._candidates = None
             self._cond.wait()
             self._raise_if_failed()
 
@@ -227,6 +234,7 @@ class StreamedExpertStore:
             heat[e] *= _HEAT_DECAY
         for e in expert_ids:
             heat[e] += 1.0
+        self._likely[layer_id] = sorted((e for e in self._all if heat[e] >= _PREDICT_HEAT), key=lambda e: -heat[e])
 
     def _queue_ahead(self) -> None:
         """Queue the upcoming layers' likely experts (those asked for recently, hottest first),
@@ -238,8 +246,7 @@ class StreamedExpertStore:
         room, taken = self.capacity - len(self._pinned), 0
         for step in range(1, horizon):
             layer = self._layers[(self._current + step) % num_layers]
-            heat = self._heat[layer]
-            for e in sorted((e for e in self._all if heat[e] >= _PREDICT_HEAT), key=lambda e: -heat[e]):
+            for e in self._likely[layer]:
                 if room == 0:
                     return  # the slots left are all spoken for by nearer layers' experts
                 room -= 1
