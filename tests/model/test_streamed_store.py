@@ -67,6 +67,14 @@ def test_every_answer_holds_the_requested_experts_and_never_more_than_the_pool(t
         store.close()
 
 
+def test_a_closed_store_refuses_requests_instead_of_waiting_forever(tiny_checkpoint):
+    folder, _ = tiny_checkpoint("mixtral")
+    store = MoEModel.from_pretrained(folder, weight_memory_bytes=minimum_budget(folder)).expert_store
+    store.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        store.weights(store.layer_ids()[0], [0, 1])
+
+
 def test_gpt_oss_biases_stream_with_their_experts(tiny_checkpoint):
     folder, _ = tiny_checkpoint("gpt_oss")
     resident = MoEModel.from_pretrained(folder).expert_store

@@ -267,6 +267,8 @@ class StreamedExpertStore:
             self._released = torch.cuda.current_stream(self.pool.w_down.device).record_event()
 
     def _raise_if_failed(self) -> None:
+        if self._closed:  # no fetch thread would serve the request: fail instead of waiting forever
+            raise RuntimeError("the streamed expert store is closed (Engine.close()); load the model again")
         if self._error is not None:
             raise CheckpointError(f"fetching an expert from the checkpoint failed: {self._error}") from self._error
 
