@@ -56,6 +56,16 @@ class EngineConfig:
             model's expert count must be divisible by N.
         rank_timeout_s (float, default 120): with expert parallelism, the longest a step or a
             collective may take before the ranks are declared dead (``EngineDeadError``).
+        weight_memory_bytes (int | None, default None): bytes the model's weights may take in
+            memory (on a GPU, GPU memory); None keeps every weight resident. Otherwise the
+            dense weights (attention, norms, routers, shared experts, dense layers, embeddings,
+            lm_head) stay resident and the routed experts stream from the checkpoint's
+            memory-mapped safetensors through a pool of what the budget leaves: models larger
+            than memory run, with greedy tokens identical to a resident run. The engine then
+            plans the running set (at most ``max_num_seqs``) with the fetch rate it measures at
+            load (``stats().offload``). The budget must hold the dense weights plus one layer's
+            top-k experts; the load error names that minimum. Not combinable with
+            ``expert_parallel_size`` > 1.
 
     Example:
         >>> EngineConfig(max_num_seqs=128).attention_batch_size
@@ -79,6 +89,7 @@ class EngineConfig:
     tune_gemms: bool = True
     expert_parallel_size: int = 1
     rank_timeout_s: float = 120.0
+    weight_memory_bytes: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "attention_batch_size", "max_num_batched_tokens", "block_size", "expert_parallel_size"):
@@ -102,6 +113,14 @@ class EngineConfig:
             raise ConfigError(f"dtype must be 'auto' or one of {list(_DTYPES)}, got {self.dtype!r}")
         if not self.rank_timeout_s > 0:
             raise ConfigError(f"rank_timeout_s must be > 0, got {self.rank_timeout_s}")
+        budget = self.weight_memory_bytes
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+            raise ConfigError(f"weight_memory_bytes must be None or an int >= 1 (bytes), got {budget!r}")
+        if budget is not None and self.expert_parallel_size > 1:
+            raise ConfigError(
+                f"weight_memory_bytes={budget} (streamed experts) cannot be combined with expert_parallel_size="
+                f"{self.expert_parallel_size}: use one or the other"
+            )
         if self.expert_backend not in ("native", "deepspeed"):
             raise ConfigError(f"expert_backend must be 'native' or 'deepspeed', got {self.expert_backend!r}")
 

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import random
@@ -18,6 +19,7 @@ import torch
 from batchgen_data.config import EngineConfig
 from batchgen_data.engine.block_manager import BlockManager
 from batchgen_data.engine.model_runner import ModelRunner
+from batchgen_data.engine.offload import OffloadPlan, OffloadStats, plan_offload, step_fetch_fields
 from batchgen_data.engine.outputs import GenerationOutput, RequestTimings
 from batchgen_data.engine.sampling_params import SamplingParams
 from batchgen_data.engine.scheduler import Scheduler
@@ -30,6 +32,7 @@ from batchgen_data.model.gemm_tuning import load_or_tune
 from batchgen_data.model.kv_cache import KVCache
 from batchgen_data.model.layers import use_gemm_plan
 from batchgen_data.model.moe.store import ExpertShard
+from batchgen_data.model.moe.streamed_store import StreamedExpertStore
 from batchgen_data.model.resolve import resolve_model
 from batchgen_data.paths import cache_dir
 
@@ -72,7 +75,8 @@ class Engine:
         device = self.config.resolve_device()
         dtype = self.config.resolve_dtype(device)
         self.model = MoEModel.from_pretrained(self.model_path, dtype, device, self.config.expert_backend,
-                                              expert_shard=expert_shard)
+                                              expert_shard=expert_shard,
+                                              weight_memory_bytes=self.config.weight_memory_bytes)
         if self.config.tune_gemms and device.type == "cpu" and dtype == torch.float32:
             weights, max_rows = self.model.gemm_weights(self.config.max_num_batched_tokens, self.config.max_num_seqs)
             use_gemm_plan(load_or_tune(weights, max_rows, cache_dir() / "gemm-plans"))
@@ -87,8 +91,19 @@ class Engine:
         block_size = self.config.block_size
         block_bytes = KVCache.bytes_per_block(self.model.kv_specs, block_size)
         budget = self.config.kv_cache_memory_bytes
+        running = self.config.max_num_seqs
+        self.offload_plan: OffloadPlan | None = None
+        store = self.model.expert_store
+        if isinstance(store, StreamedExpertStore):
+            # Streamed experts: the running set is chosen with the fetch cost, within the KV pool.
+            most = running if budget is None else max(1, min(running, budget // block_bytes // 2))
+            self.offload_plan = plan_offload(self.model, store, most)
+            running = self.offload_plan.running_seqs
+            logger.info("streamed experts: %d slots of %d bytes, fetch %.2f GB/s; running set %d (fetch %.0f%% of a step)",
+                        store.capacity, store.bytes_per_expert, self.offload_plan.fetch_bytes_per_s / 1e9, running,
+                        100 * self.offload_plan.predicted_fetch_share)
         if budget is None:
-            want = self.config.max_num_seqs * min(_DEFAULT_KV_TOKENS_PER_SEQ, self.max_model_len)
+            want = running * min(_DEFAULT_KV_TOKENS_PER_SEQ, self.max_model_len)
             budget = min(want * block_bytes // block_size, _DEFAULT_KV_CAP_BYTES)
         num_blocks = budget // block_bytes
         if num_blocks < 1:
@@ -99,7 +114,7 @@ class Engine:
         self.kv_cache = self.model.new_kv_cache(num_blocks, block_size)
         self.blocks = BlockManager(num_blocks, block_size)
         self.scheduler = Scheduler(
-            self.config,
+            dataclasses.replace(self.config, max_num_seqs=running) if running != self.config.max_num_seqs else self.config,
             self.blocks,
             self.max_model_len,
             kv_bytes_per_token=block_bytes // block_size,
@@ -170,12 +185,15 @@ class Engine:
 
     @property
     def max_running_seqs(self) -> int:
-        """Sequences the engine runs at once (every rank's running set, under expert parallelism)."""
-        return self.config.max_num_seqs
+        """Sequences the engine runs at once (every rank's running set, under expert parallelism;
+        the planned running set when experts stream)."""
+        return self.scheduler.config.max_num_seqs
 
     def step(self) -> list[Sequence]:
         """One forward over the running set; returns the sequences that finished in it."""
         t0 = time.perf_counter()
+        store = self.model.expert_store if self.offload_plan is not None else None
+        fetched_before = dataclasses.replace(store.stats) if store is not None and self.config.collect_timeline else None
         out = self.scheduler.schedule()
         tokens = self.runner.execute(out)
         finished = self.scheduler.update(out, tokens, self._now())
@@ -196,6 +214,7 @@ class Engine:
                     **{f"{name}_s": seconds for name, seconds in self.runner.stats.last_module_s.items()},
                     **asdict(self.runner.stats.last_work),
                     "kv_blocks_used": self.blocks.num_used,
+                    **(step_fetch_fields(fetched_before, store.stats) if fetched_before is not None else {}),
                 }
             )
         if not out.seqs and self.scheduler.has_unfinished() and not out.swap_out:
@@ -332,8 +351,9 @@ class Engine:
     # -- lifetime -------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Release what the engine holds outside this object (an expert-parallel engine's rank
-        processes); a single-process engine holds nothing of the kind."""
+        """Release what the engine holds outside this object: a streamed expert store's fetch
+        thread (an expert-parallel engine: its rank processes)."""
+        self.model.close()
 
     def __enter__(self) -> "Engine":
         return self
@@ -362,6 +382,8 @@ class Engine:
             num_idle_forwards=r.num_idle_forwards,
             expert_comm_s=self.model.expert_comm_seconds(),
             expert_weight_bytes=getattr(self.model.expert_store, "nbytes", 0),
+            offload=None if self.offload_plan is None else OffloadStats.of(self.model, self.model.expert_store,
+                                                                           self.offload_plan),
         )
 
     def _now(self) -> float:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from batchgen_data.engine.offload import OffloadStats
+
 
 @dataclass(slots=True)
 class RankStats:
@@ -45,6 +47,7 @@ class EngineStats:
     expert_comm_s: float = 0.0  # seconds the MoE layers spent exchanging tokens between ranks
     expert_weight_bytes: int = 0  # routed-expert weights resident in this process (each rank's own)
     ranks: list[RankStats] = field(default_factory=list)  # one per expert-parallel rank
+    offload: OffloadStats | None = None  # streamed experts (EngineConfig.weight_memory_bytes)
 
     @property
     def runtime_overhead(self) -> float:

@@ -1,7 +1,7 @@
 """``batchgen-data``: run a MoE model over a folder of Parquet / JSONL / CSV rows.
 
     batchgen-data run INPUT OUTPUT [--model PATH|demo] [--prompt-column COL] [--max-tokens N]
-                      [--workers N] [--address ADDR] ...
+                      [--weight-memory SIZE] [--workers N] [--address ADDR] ...
 
 Interrupted (Ctrl-C, kill -9)? Run the same command again: finished parts are kept, the rest is
 redone, and every input row comes out exactly once.
@@ -19,7 +19,8 @@ import logging
 import sys
 from pathlib import Path
 
-from batchgen_data.errors import BatchGenError
+from batchgen_data.errors import BatchGenError, ConfigError
+from batchgen_data.jobs.sizes import parse_byte_size
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--expert-backend", choices=("native", "deepspeed"), default="native")
     engine.add_argument("--expert-parallel-size", type=int, default=1,
                         help="N > 1: spread the experts over N rank processes (DeepSpeed-MoE all-to-all)")
+    engine.add_argument("--weight-memory", type=_byte_size, default=None, metavar="SIZE",
+                        help="memory for the model's weights, like 8GB or 512MiB (default: all resident); "
+                             "the routed experts stream from the checkpoint through what the dense weights leave")
     dist = run.add_argument_group("distributed (Ray Data)")
     dist.add_argument("--workers", type=int, default=1, help="N > 1: N engine actors through Ray Data")
     dist.add_argument("--address", default=None, help="join this Ray cluster instead of starting one")
@@ -66,6 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--fail-on-error", action="store_true", help="stop at the first bad row instead of writing error rows")
     return parser
+
+
+def _byte_size(text: str) -> int:
+    try:
+        return parse_byte_size(text)
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _read_template(value: str | None) -> str | None:
@@ -90,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
                                        max_num_batched_tokens=max(2048, args.max_num_seqs),
                                        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
                                        expert_backend=args.expert_backend,
-                                       expert_parallel_size=args.expert_parallel_size),
+                                       expert_parallel_size=args.expert_parallel_size,
+                                       weight_memory_bytes=args.weight_memory),
             prompt_column=args.prompt_column,
             prompt_template=_read_template(args.prompt_template),
             should_continue_on_error=not args.fail_on_error,

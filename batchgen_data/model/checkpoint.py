@@ -1,10 +1,8 @@
 """Read a Hugging Face checkpoint folder's safetensors into per-module weight tensors.
 
-Accepts one file or an index of shards; per-expert expert keys (Mixtral ``w1/w2/w3``, Qwen /
-OLMoE / DeepSeek / GLM ``gate_proj/up_proj/down_proj``), fused 3-D expert tensors
-(``gate_up_proj`` [E, 2F, H] and ``down_proj`` [E, H, F], or their transposes), gpt-oss's
-[E, in, out] experts with interleaved gate/up columns and biases, and gpt-oss's MXFP4 experts
-(``*_blocks`` / ``*_scales``, dequantized tensor by tensor at load).
+Accepts one file or an index of shards. safetensors maps each file into memory: a tensor read
+here is a view of the mapping (file pages, not anonymous memory) until it is converted or copied.
+The routed experts' layouts are read by ``expert_sources.py``.
 """
 
 from __future__ import annotations
@@ -16,16 +14,11 @@ import torch
 from safetensors import safe_open
 
 from batchgen_data.errors import CheckpointError
-from batchgen_data.model.config import ModelConfig
 from batchgen_data.model.fp8 import FP8_DTYPES, dequantize_fp8
-from batchgen_data.model.moe.experts import ExpertWeights
-from batchgen_data.model.mxfp4 import dequantize_mxfp4
 
 _MOE_PREFIXES = ("mlp", "block_sparse_moe")
 _ROUTER_NAMES = ("gate", "router")
 _CPU_ALIGNMENT = 64  # bytes; torch's CPU allocator aligns to this
-# (gate, up, down) names of per-expert projections.
-_EXPERT_NAMES = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
 
 
 class CheckpointReader:
@@ -59,6 +52,10 @@ class CheckpointReader:
     def has(self, name: str) -> bool:
         return name in self._where
 
+    def names(self) -> list[str]:
+        """Every tensor name of the checkpoint."""
+        return list(self._where)
+
     def raw(self, name: str, rows: range | None = None) -> torch.Tensor:
         """The tensor as stored (dtype and all), on the host; ``rows`` reads only that slice of
         its first dimension (an expert shard) without materialising the rest."""
@@ -74,9 +71,9 @@ class CheckpointReader:
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._where[name].get_slice(name).get_shape())
 
-    def get(self, name: str, dtype: torch.dtype | None = None, rows: range | None = None) -> torch.Tensor:
-        """The tensor in the engine's dtype (or ``dtype``) on the engine's device; a block-scaled
-        FP8 weight (with its ``*_scale_inv`` beside it) comes dequantized."""
+    def values(self, name: str, rows: range | None = None) -> torch.Tensor:
+        """The tensor's values on the host in its stored dtype, except that a block-scaled FP8
+        weight (with its ``*_scale_inv`` beside it) comes dequantized to fp32."""
         tensor = self.raw(name, rows)
         scale_name = f"{name}_scale_inv"
         if tensor.dtype in FP8_DTYPES and scale_name in self._where:
@@ -87,7 +84,11 @@ class CheckpointReader:
                 tensor = dequantize_fp8(tensor, scale, self.fp8_block_size)
             except ValueError as err:
                 raise CheckpointError(f"{name}: {err}") from None
-        return self.place(tensor, dtype)
+        return tensor
+
+    def get(self, name: str, dtype: torch.dtype | None = None, rows: range | None = None) -> torch.Tensor:
+        """The tensor's values (``values``) in the engine's dtype (or ``dtype``) on its device."""
+        return self.place(self.values(name, rows), dtype)
 
     def place(self, tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         tensor = tensor.to(device=self.device, dtype=dtype or self.dtype)
@@ -143,74 +144,3 @@ def moe_prefix(reader: CheckpointReader, layer_id: int) -> tuple[str, str]:
             if reader.has(f"{prefix}.{router}.weight"):
                 return prefix, router
     raise CheckpointError(f"layer {layer_id}: no router weight (mlp.gate / mlp.router / block_sparse_moe.gate)")
-
-
-def read_experts(reader: CheckpointReader, prefix: str, config: ModelConfig, experts: range | None = None) -> ExpertWeights:
-    """Stack a layer's experts into [n, 2F, H] / [n, H, F], whatever the checkpoint's layout.
-
-    ``experts`` (default: all) is the contiguous block of expert ids to load; the others are
-    never read, not even transiently (an expert-parallel rank's shard).
-    """
-    experts = range(config.num_experts) if experts is None else experts
-    if config.expert_layout == "in_out":
-        return _read_in_out_experts(reader, f"{prefix}.experts", config, experts)
-    count, hidden, ffn = len(experts), config.hidden_size, config.moe_intermediate_size
-    p = f"{prefix}.experts"
-    if reader.has(f"{p}.gate_up_proj") or reader.has(f"{p}.gate_proj"):
-        full = config.num_experts
-        if reader.has(f"{p}.gate_up_proj"):
-            gate_up = _orient(reader, f"{p}.gate_up_proj", (full, 2 * ffn, hidden), experts)
-        else:
-            gate = _orient(reader, f"{p}.gate_proj", (full, ffn, hidden), experts)
-            up = _orient(reader, f"{p}.up_proj", (full, ffn, hidden), experts)
-            gate_up = torch.cat([gate, up], dim=1)
-        down = _orient(reader, f"{p}.down_proj", (full, hidden, ffn), experts)
-        return ExpertWeights(w_gate_up=gate_up.contiguous(), w_down=down.contiguous())
-    for gate_name, up_name, down_name in _EXPERT_NAMES:
-        if reader.has(f"{p}.0.{gate_name}.weight"):
-            gate_up, down = [], []
-            for e in experts:
-                gate = reader.get(f"{p}.{e}.{gate_name}.weight")  # [F, H]
-                up = reader.get(f"{p}.{e}.{up_name}.weight")
-                gate_up.append(torch.cat([gate, up], dim=0))
-                down.append(reader.get(f"{p}.{e}.{down_name}.weight"))  # [H, F]
-            if len(gate_up) != count:
-                raise CheckpointError(f"{p}: expected {count} experts")
-            return ExpertWeights(w_gate_up=torch.stack(gate_up), w_down=torch.stack(down))
-    raise CheckpointError(f"no expert weights under {p!r} (per-expert or fused)")
-
-
-def _read_in_out_experts(reader: CheckpointReader, p: str, config: ModelConfig, experts: range) -> ExpertWeights:
-    """gpt-oss: ``gate_up_proj`` [E, H, 2F] with gate and up in alternate columns, ``down_proj``
-    [E, F, H], biases ``*_bias``; or MXFP4 ``*_blocks`` [E, out, in/32, 16] and ``*_scales``,
-    which dequantize to [E, out, in]. Gate and up are de-interleaved to gate rows, then up rows."""
-    count, hidden, ffn = len(experts), config.hidden_size, config.moe_intermediate_size
-    if reader.has(f"{p}.gate_up_proj_blocks"):
-        def mxfp4(name: str) -> torch.Tensor:
-            return reader.place(dequantize_mxfp4(reader.raw(f"{name}_blocks", experts), reader.raw(f"{name}_scales", experts)))
-
-        gate_up, down = mxfp4(f"{p}.gate_up_proj"), mxfp4(f"{p}.down_proj")
-    else:
-        gate_up = reader.get(f"{p}.gate_up_proj", rows=experts).transpose(1, 2)
-        down = reader.get(f"{p}.down_proj", rows=experts).transpose(1, 2)
-    for name, t, shape in (("gate_up", gate_up, (count, 2 * ffn, hidden)), ("down", down, (count, hidden, ffn))):
-        if tuple(t.shape) != shape:
-            raise CheckpointError(f"{p}: {name} experts of shape {tuple(t.shape)} (as [E, out, in]), expected {shape}")
-    b_gate_up = reader.get(f"{p}.gate_up_proj_bias", rows=experts)  # [n, 2F], interleaved
-    return ExpertWeights(
-        w_gate_up=torch.cat((gate_up[:, 0::2], gate_up[:, 1::2]), dim=1).contiguous(),
-        w_down=down.contiguous(),
-        b_gate_up=torch.cat((b_gate_up[:, 0::2], b_gate_up[:, 1::2]), dim=1).contiguous(),
-        b_down=reader.get(f"{p}.down_proj_bias", rows=experts),
-    )
-
-
-def _orient(reader: CheckpointReader, name: str, shape: tuple[int, int, int], experts: range) -> torch.Tensor:
-    """Rows ``experts`` of a fused [E, a, b] tensor as ``shape[1:]`` per expert, transposing the
-    last two dims if the checkpoint stores them the other way."""
-    stored = reader.shape(name)
-    if stored == shape:
-        return reader.get(name, rows=experts)
-    if stored == (shape[0], shape[2], shape[1]):
-        return reader.get(name, rows=experts).transpose(1, 2)
-    raise CheckpointError(f"{name}: fused expert tensor of shape {stored}, expected {shape}")

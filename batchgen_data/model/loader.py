@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+import math
+
 import torch
 
+from batchgen_data.errors import ConfigError
 from batchgen_data.model.attention.gqa import GQAAttention
 from batchgen_data.model.attention.mla import MLAAttention
 from batchgen_data.model.attention.spec import AttentionLayer
@@ -11,14 +15,14 @@ from batchgen_data.model.checkpoint import (
     CheckpointReader,
     moe_prefix,
     read_attention,
-    read_experts,
     read_mla_attention,
 )
 from batchgen_data.model.config import ModelConfig
 from batchgen_data.model.decoder import DecoderLayer, MoEBlock
+from batchgen_data.model.expert_sources import LayerExperts, layer_experts, read_experts
 from batchgen_data.model.layers import GatedMLP, SharedExpert
 from batchgen_data.model.moe.backends import make_expert_backend
-from batchgen_data.model.moe.experts import SWIGLU, ClampedSwiGLU, ExpertActivation
+from batchgen_data.model.moe.experts import SWIGLU, ClampedSwiGLU, ExpertActivation, ExpertWeights
 from batchgen_data.model.moe.router import Router
 from batchgen_data.model.moe.store import (
     ExpertShard,
@@ -26,19 +30,75 @@ from batchgen_data.model.moe.store import (
     ResidentExpertStore,
     ShardedExpertStore,
 )
+from batchgen_data.model.moe.streamed_store import Fill, StreamedExpertStore
+
+logger = logging.getLogger(__name__)
 
 # Routers that score in fp32 whatever the engine's dtype (transformers keeps their weights fp32).
 _FP32_ROUTERS = ("greedy", "group_limited_greedy", "noaux_tc")
 
 
-def load_expert_store(reader: CheckpointReader, config: ModelConfig, shard: ExpertShard | None = None) -> ExpertStore:
-    """Every sparse layer's experts, resident in this process; with ``shard``, only its experts."""
+def load_expert_store(reader: CheckpointReader, config: ModelConfig, shard: ExpertShard | None = None,
+                      weight_memory_bytes: int | None = None, dense_bytes: int = 0) -> ExpertStore:
+    """Every sparse layer's experts, resident in this process; with ``shard``, only its experts;
+    with ``weight_memory_bytes``, what the budget leaves beside the ``dense_bytes`` of the other
+    weights becomes a streamed store's pool (unless the whole model fits)."""
+    if weight_memory_bytes is not None:
+        store = _streamed_store(reader, config, weight_memory_bytes, dense_bytes)
+        if store is not None:
+            return store
     owned = None if shard is None else shard.owned(config.num_experts)
     layers = {i: read_experts(reader, moe_prefix(reader, i)[0], config, owned)
               for i in range(config.num_hidden_layers) if config.is_sparse_layer(i)}
     if shard is None:
         return ResidentExpertStore(layers, config.num_experts)
     return ShardedExpertStore(layers, config.num_experts, shard)
+
+
+def dense_weight_bytes(reader: CheckpointReader, config: ModelConfig) -> int:
+    """Every tensor but the routed experts, in the engine's dtype: what stays resident beside
+    an expert pool (attention, norms, routers, shared experts, dense layers, embeddings, lm_head)."""
+    element = torch.empty((), dtype=reader.dtype).element_size()
+    experts = tuple(f"{moe_prefix(reader, i)[0]}.experts." for i in range(config.num_hidden_layers)
+                    if config.is_sparse_layer(i))
+    return sum(math.prod(reader.shape(n)) * element for n in reader.names() if not n.startswith(experts))
+
+
+def _streamed_store(reader: CheckpointReader, config: ModelConfig, budget: int, dense_bytes: int) -> StreamedExpertStore | None:
+    """A pool of as many expert slots as ``budget`` holds beside the dense weights; None when
+    every expert fits. Every expert's tensors are checked here, at load."""
+    sparse = [i for i in range(config.num_hidden_layers) if config.is_sparse_layer(i)]
+    layers = {i: layer_experts(reader, moe_prefix(reader, i)[0], config) for i in sparse}
+    first = layers[sparse[0]]
+    per_expert = first.bytes_per_expert(torch.empty((), dtype=reader.dtype).element_size())
+    top_k, num_experts = config.num_experts_per_tok, config.num_experts
+    minimum = dense_bytes + top_k * per_expert
+    if budget < minimum:
+        raise ConfigError(
+            f"weight_memory_bytes={budget} cannot hold the dense weights ({dense_bytes} bytes) plus one layer's "
+            f"{top_k} routed experts ({top_k} x {per_expert} bytes): the minimum is {minimum} bytes "
+            f"(the whole model takes {dense_bytes + len(sparse) * num_experts * per_expert})"
+        )
+    num_slots = (budget - dense_bytes) // per_expert
+    if num_slots >= len(sparse) * num_experts:
+        logger.info("weight_memory_bytes=%d holds the whole model: experts stay resident", budget)
+        return None
+    return StreamedExpertStore(_tier(layers, reader), sparse, num_experts, num_slots, first.hidden, first.ffn,
+                               first.has_bias, reader.dtype, reader.device)
+
+
+def _tier(layers: dict[int, LayerExperts], reader: CheckpointReader) -> Fill:
+    """Where the pool is filled from: on CPU the checkpoint's memory map itself; for a GPU pool a
+    pinned host copy of every expert (asynchronous copies on the store's own stream)."""
+    if torch.device(reader.device).type != "cuda":
+        return lambda layer, expert, pool, slot: layers[layer].fill(expert, pool, slot)
+    host: dict[int, ExpertWeights] = {}
+    for i, layer in layers.items():
+        host[i] = ExpertWeights.empty(layer.num_experts, layer.hidden, layer.ffn, layer.has_bias, reader.dtype, "cpu",
+                                      pin_memory=True)
+        for e in range(layer.num_experts):
+            layer.fill(e, host[i], e)
+    return lambda layer, expert, pool, slot: host[layer].copy_row(expert, pool, slot, non_blocking=True)
 
 
 def load_layers(reader: CheckpointReader, config: ModelConfig, store: ExpertStore, expert_backend: str,

@@ -20,7 +20,7 @@ from batchgen_data.model.config import ModelConfig
 from batchgen_data.model.decoder import DecoderLayer, MoEBlock
 from batchgen_data.model.kv_cache import KVCache
 from batchgen_data.model.layers import GatedMLP, SharedExpert, linear, rms_norm
-from batchgen_data.model.loader import load_expert_store, load_layers
+from batchgen_data.model.loader import dense_weight_bytes, load_expert_store, load_layers
 from batchgen_data.model.moe.store import ExpertShard, ExpertStore, ShardedExpertStore
 from batchgen_data.model.rope import RotaryEmbedding
 
@@ -29,7 +29,7 @@ class MoEModel:
     """The model's weights as modules; see the module docstring for the call order."""
 
     def __init__(self, config: ModelConfig, embed_tokens, layers: list[DecoderLayer], norm, lm_head,
-                 device, dtype, expert_store: ExpertStore | None = None):
+                 device, dtype, expert_store: ExpertStore | None = None, dense_weight_bytes: int = 0):
         self.config = config
         self.embed_tokens = embed_tokens  # [V, H]
         self.layers = layers
@@ -37,6 +37,7 @@ class MoEModel:
         self.lm_head = lm_head  # [V, H]
         self.device, self.dtype = device, dtype
         self.expert_store = expert_store
+        self.dense_weight_bytes = dense_weight_bytes  # every weight but the routed experts
         self.rotary = RotaryEmbedding(config.rope, config.rotary_dim, device)
 
     @classmethod
@@ -47,12 +48,16 @@ class MoEModel:
         device: torch.device | str = "cpu",
         expert_backend: str = "native",
         expert_shard: ExpertShard | None = None,
+        weight_memory_bytes: int | None = None,
     ) -> MoEModel:
         """Load a checkpoint folder; with ``expert_shard`` (an expert-parallel rank, inside its
-        initialised process group) only that rank's experts are read."""
+        initialised process group) only that rank's experts are read; with
+        ``weight_memory_bytes``, the routed experts stream from the checkpoint through a pool of
+        what the budget leaves beside the other weights (``StreamedExpertStore``)."""
         config = ModelConfig.from_pretrained(folder)
         reader = CheckpointReader(folder, dtype, device, config.fp8_block_size)
-        store = load_expert_store(reader, config, expert_shard)
+        dense_bytes = dense_weight_bytes(reader, config)
+        store = load_expert_store(reader, config, expert_shard, weight_memory_bytes, dense_bytes)
         world_size = 1 if expert_shard is None else expert_shard.world_size
         layers = load_layers(reader, config, store, expert_backend, world_size)
         embed = reader.get("model.embed_tokens.weight")
@@ -60,7 +65,7 @@ class MoEModel:
             lm_head = embed
         else:
             lm_head = reader.get("lm_head.weight")
-        return cls(config, embed, layers, reader.get("model.norm.weight"), lm_head, device, dtype, store)
+        return cls(config, embed, layers, reader.get("model.norm.weight"), lm_head, device, dtype, store, dense_bytes)
 
     @property
     def kv_specs(self) -> list[KVSpec]:
@@ -87,11 +92,13 @@ class MoEModel:
                 shared = ffn.shared_expert
                 mlps += [shared.mlp if isinstance(shared, SharedExpert) else shared] if shared is not None else []
                 if ffn.experts.name == "native" and self.expert_store is not None:
-                    experts = self.expert_store.weights(layer_id)
+                    # A streamed store's pool rows stand in for the experts it does not hold: the
+                    # same shapes and counts as resident, so both tune (and cache) the same plan.
+                    experts = self.expert_store.weights(layer_id, [])
                     routed = max_batched_tokens * self.config.num_experts_per_tok
-                    for row in range(experts.num_rows):
-                        add(experts.w_gate_up[row], routed)
-                        add(experts.w_down[row], routed)
+                    for i in range(len(self.expert_store.owned(layer_id))):
+                        add(experts.w_gate_up[i % experts.num_rows], routed)
+                        add(experts.w_down[i % experts.num_rows], routed)
             for mlp in mlps:
                 add(mlp.w_gate_up, max_batched_tokens)
                 add(mlp.w_down, max_batched_tokens)
@@ -114,6 +121,12 @@ class MoEModel:
         for layer in self.layers:
             if isinstance(layer.ffn, MoEBlock):
                 layer.ffn.experts(empty, layer.ffn.router(empty))
+
+    def close(self) -> None:
+        """Stop a streamed expert store's fetch thread (nothing to do for resident experts)."""
+        close = getattr(self.expert_store, "close", None)
+        if close is not None:
+            close()
 
     def new_kv_cache(self, num_blocks: int, block_size: int) -> KVCache:
         return KVCache(self.kv_specs, num_blocks, block_size, self.device)

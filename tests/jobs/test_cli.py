@@ -156,3 +156,28 @@ def test_ray_workers_give_the_same_rows_bad_lines_included(tmp_path, reference):
     ids_by_part = {p.name: [r["id"] for r in pq.read_table(p).to_pylist()] for p in out.glob("part-*")}
     assert all(ids == sorted(ids) for ids in ids_by_part.values() if None not in ids)  # input order within a part
     assert ids_by_part["part-00000-000000005.parquet"] == [None, 5, 6, 7, 8]
+
+
+def test_weight_memory_streams_experts_with_the_same_rows(tmp_path, reference, demo_path, capsys):
+    engine = Engine(demo_path, EngineConfig(max_num_seqs=32))
+    config = engine.model.config
+    per_expert = engine.model.expert_store.nbytes // (len(engine.model.expert_store.layer_ids()) * config.num_experts)
+    minimum = engine.model.dense_weight_bytes + config.num_experts_per_tok * per_expert
+    rows = _write_inputs(tmp_path / "in")
+    args = ["run", str(tmp_path / "in"), str(tmp_path / "out"), "--max-tokens", str(MAX_TOKENS), *ENGINE_ARGS]
+    assert main(args + ["--weight-memory", f"{minimum - 1}B"]) == 2
+    assert f"the minimum is {minimum} bytes" in capsys.readouterr().err
+    assert main(args + ["--weight-memory", f"{minimum + per_expert}B"]) == 0
+    got = {r["id"]: r for r in _read_output(tmp_path / "out")}
+    assert sorted(got) == sorted(r["id"] for r in rows)
+    assert all(r["generated_text"] == reference[i] for i, r in got.items() if i != 12)
+
+
+def test_weight_memory_takes_units_and_rejects_ambiguous_ones(capsys):
+    from batchgen_data.jobs.cli import build_parser
+
+    assert build_parser().parse_args(["run", "in", "out", "--weight-memory", "512MiB"]).weight_memory == 512 << 20
+    assert build_parser().parse_args(["run", "in", "out", "--weight-memory", "1.5GB"]).weight_memory == 1_500_000_000
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "in", "out", "--weight-memory", "8G"])
+    assert "unknown unit 'G'" in capsys.readouterr().err

@@ -2,7 +2,8 @@
 
 Owns: ``router.py`` (each architecture's routing semantics), ``experts.py`` (stacked expert
 weights, activation, the backend protocol), ``store.py`` (the ``ExpertStore`` contract: which
-experts this process owns and their weights), ``native_backend.py`` and ``deepspeed_backend.py``
+experts this process owns and their weights), ``streamed_store.py`` (a bounded pool of expert
+slots filled from a slower tier), ``native_backend.py`` and ``deepspeed_backend.py``
 (backends reading weights only through a store), ``backends.py`` (choice by name).
 May import: ``batchgen_data.model`` building blocks (layers, config), errors.
 """

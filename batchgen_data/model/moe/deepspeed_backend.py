@@ -15,6 +15,7 @@ DeepSpeed's own gate does without token dropping.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +29,7 @@ from batchgen_data.model.moe.experts import (
     expert_ffn,
 )
 from batchgen_data.model.moe.router import Routing
-from batchgen_data.model.moe.store import ExpertStore
+from batchgen_data.model.moe.store import ExpertStore, in_batches
 
 
 class _Expert(nn.Module):
@@ -39,8 +40,8 @@ class _Expert(nn.Module):
         self.owner, self.expert_id = owner, expert_id
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., C, H]
-        weights: ExpertWeights = self.owner.call_weights
-        row = weights.row(self.expert_id)
+        weights = self.owner.weights_for(self.expert_id)
+        row = -1 if weights is None else weights.row(self.expert_id)
         if row < 0:  # no token routed here this call (DeepSpeed still hands it a capacity buffer)
             return torch.zeros_like(x)
         shape = x.shape
@@ -106,8 +107,11 @@ class DeepSpeedExperts:
 
         self.store, self.layer_id, self.activation = store, layer_id, activation
         num_experts = store.num_experts
-        hidden = store.weights(layer_id).w_gate_up.shape[2]
+        hidden = store.weights(layer_id, []).w_gate_up.shape[2]
         self.call_weights: ExpertWeights | None = None  # the store's answer for the call in flight
+        self._used: set[int] = set()  # experts with tokens in the call in flight
+        self._batches: Iterator[list[int]] = iter(())  # the runs of them not asked for yet
+        self._batch: set[int] = set()  # the run ``call_weights`` holds
         moe = MoE(
             hidden_size=hidden,
             expert=nn.Identity(),  # replaced below; MoE deep-copies it once per expert
@@ -131,15 +135,32 @@ class DeepSpeedExperts:
 
     def __call__(self, x: torch.Tensor, routing: Routing) -> ExpertOutput:
         counts = torch.bincount(routing.topk_ids.reshape(-1), minlength=self.store.num_experts).tolist()
-        self.call_weights = self.store.weights(self.layer_id, [e for e, n in enumerate(counts) if n])
+        used = [e for e, n in enumerate(counts) if n]
+        if self.store.capacity is None:  # one answer holds every owned expert, also those only
+            self.call_weights = self.store.weights(self.layer_id, used)  # other ranks' tokens reach
+        else:
+            self._used, self._batches, self._batch = set(used), iter(in_batches(self.store, used)), set()
         self.moe.deepspeed_moe.gate.routing = routing
         try:
             out, _, exp_counts = self.moe(x)
         finally:
-            self.call_weights = None
+            self.call_weights, self._used, self._batch = None, set(), set()
         if self.ep_size > 1:
             self.comm_s += self._take_all_to_all_s()
         return ExpertOutput(hidden=out, tokens_per_expert=exp_counts.to("cpu", torch.int64))
+
+    def weights_for(self, expert_id: int) -> ExpertWeights | None:
+        """The store's answer holding ``expert_id`` in the call in flight (None: it got no
+        tokens). DeepSpeed runs the experts in id order, so when the current answer does not hold
+        the expert, the next run of experts (at most the store's ``capacity``) is asked for."""
+        if self.store.capacity is None:
+            return self.call_weights
+        if expert_id not in self._used:
+            return None
+        while expert_id not in self._batch:
+            self._batch = set(next(self._batches))
+            self.call_weights = self.store.weights(self.layer_id, sorted(self._batch))
+        return self.call_weights
 
     def _take_all_to_all_s(self) -> float:
         """Seconds of this call's two all-to-alls (DeepSpeed's timers, read and reset) and of

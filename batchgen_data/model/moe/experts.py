@@ -6,6 +6,7 @@ R = T * K routed token copies, n = experts held in one ``ExpertWeights``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -20,7 +21,9 @@ class ExpertWeights:
     """Some experts of one layer, stacked so an expert is an index (a row).
 
     ``row_of`` maps a global expert id to its row ([E] int64, -1 where this set does not hold the
-    expert); None means row e holds expert e, for every expert of the layer.
+    expert); None means row e holds expert e, for every expert of the layer. ``wait_row`` (a
+    streamed store's answer) blocks until a row's copy has landed; ``row`` calls it, so a backend
+    computes expert e while later experts are still arriving.
     """
 
     w_gate_up: torch.Tensor  # [n, 2F, H] gate rows first, then up rows
@@ -28,6 +31,23 @@ class ExpertWeights:
     b_gate_up: torch.Tensor | None = None  # [n, 2F]
     b_down: torch.Tensor | None = None  # [n, H]
     row_of: torch.Tensor | None = None  # [E] global expert id -> row
+    wait_row: Callable[[int], None] | None = None
+
+    @classmethod
+    def empty(cls, num_rows: int, hidden: int, ffn: int, has_bias: bool, dtype: torch.dtype,
+              device: torch.device | str, pin_memory: bool = False) -> ExpertWeights:
+        """Uninitialised rows for ``num_rows`` experts of hidden size H and FFN size F
+        (``pin_memory``: page-locked host memory, for asynchronous copies to a GPU)."""
+        def new(*shape: int) -> torch.Tensor:
+            return torch.empty(shape, dtype=dtype, device=device, pin_memory=pin_memory)
+
+        return cls(new(num_rows, 2 * ffn, hidden), new(num_rows, hidden, ffn),
+                   new(num_rows, 2 * ffn) if has_bias else None, new(num_rows, hidden) if has_bias else None)
+
+    @staticmethod
+    def bytes_per_expert(hidden: int, ffn: int, has_bias: bool, element_size: int) -> int:
+        """One expert's weights (gate, up, down and their biases) in bytes."""
+        return (3 * ffn * hidden + (2 * ffn + hidden if has_bias else 0)) * element_size
 
     @property
     def num_rows(self) -> int:
@@ -38,8 +58,19 @@ class ExpertWeights:
         tensors = (self.w_gate_up, self.w_down, self.b_gate_up, self.b_down)
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
+    def copy_row(self, row: int, dest: ExpertWeights, dest_row: int, non_blocking: bool = False) -> None:
+        """Copy one expert's row into ``dest``'s row ``dest_row``."""
+        for name in ("w_gate_up", "w_down", "b_gate_up", "b_down"):
+            source = getattr(self, name)
+            if source is not None:
+                getattr(dest, name)[dest_row].copy_(source[row], non_blocking=non_blocking)
+
     def row(self, expert_id: int) -> int:
-        return expert_id if self.row_of is None else int(self.row_of[expert_id])
+        """The row holding ``expert_id`` (-1: not held), once its weights are there to read."""
+        row = expert_id if self.row_of is None else int(self.row_of[expert_id])
+        if self.wait_row is not None and row >= 0:
+            self.wait_row(row)
+        return row
 
 
 @dataclass(frozen=True, slots=True)

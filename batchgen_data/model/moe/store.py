@@ -4,7 +4,7 @@ A store answers "give me layer l's weights for experts S" and says which experts
 owns. The expert backends read weights only through it, so the rest of the engine does not know
 whether an expert is a resident tensor (``ResidentExpertStore``), held by another rank (expert
 parallelism: a store that owns a subset), or fetched from a slower tier into a bounded pool
-(offloading: a store that copies on demand and evicts).
+(offloading: ``streamed_store.StreamedExpertStore``, which copies on demand and evicts).
 """
 
 from __future__ import annotations
@@ -22,14 +22,16 @@ class ExpertStore(Protocol):
     """Expert weights by (layer, experts)."""
 
     num_experts: int  # E, every layer's expert count (global ids 0 .. E-1)
+    capacity: int | None  # most experts one answer can hold (None: every owned one)
 
     def owned(self, layer_id: int) -> tuple[int, ...]:
         """Global ids of the experts of ``layer_id`` this process computes."""
         ...
 
     def weights(self, layer_id: int, expert_ids: list[int] | None = None) -> ExpertWeights:
-        """Weights holding at least ``expert_ids`` of ``layer_id`` (None: every owned one); find
-        an expert's row with ``ExpertWeights.row``. Valid until the next call for another layer."""
+        """Weights holding at least ``expert_ids`` of ``layer_id`` (None: every owned one; at most
+        ``capacity``); find an expert's row with ``ExpertWeights.row``. Valid until the next call
+        (a bounded store reuses its rows); ``[]`` asks only for the tensors' shapes and device."""
         ...
 
     def layer_ids(self) -> tuple[int, ...]:
@@ -37,8 +39,16 @@ class ExpertStore(Protocol):
         ...
 
 
+def in_batches(store: ExpertStore, expert_ids: list[int]) -> list[list[int]]:
+    """``expert_ids`` (ascending) in runs of at most the store's ``capacity``: one store answer each."""
+    size = store.capacity or max(len(expert_ids), 1)
+    return [expert_ids[i : i + size] for i in range(0, len(expert_ids), size)] or [[]]
+
+
 class ResidentExpertStore:
     """Every expert of every sparse layer as a resident tensor in this process (zero-copy reads)."""
+
+    capacity = None
 
     def __init__(self, layers: dict[int, ExpertWeights], num_experts: int):
         self._layers = layers
@@ -79,6 +89,8 @@ class ExpertShard:
 class ShardedExpertStore(ResidentExpertStore):
     """Only this rank's experts of every sparse layer, resident; ``row_of`` maps global ids to
     local rows (-1 for the other ranks' experts, which this process never loads)."""
+
+    capacity = None
 
     def __init__(self, layers: dict[int, ExpertWeights], num_experts: int, shard: ExpertShard):
         super().__init__(layers, num_experts)
