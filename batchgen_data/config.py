@@ -56,6 +56,11 @@ class EngineConfig:
             model's expert count must be divisible by N.
         rank_timeout_s (float, default 120): with expert parallelism, the longest a step or a
             collective may take before the ranks are declared dead (``EngineDeadError``).
+        bind_rank_cpus (bool | None, default None): with expert parallelism on CPU, bind each
+            rank to its own slice of the CPUs this process may use (rank r: CPUs
+            ``r*t .. r*t+t-1``, t = threads per rank), so a rank woken from a collective does not
+            wait for a core. None binds unless the engine runs inside a Ray worker, where
+            several actors may share a node's CPUs; set False when several engines share them.
         weight_memory_bytes (int | None, default None): bytes the model's weights may take in
             memory (on a GPU, GPU memory); None keeps every weight resident. Otherwise the
             dense weights (attention, norms, routers, shared experts, dense layers, embeddings,
@@ -89,6 +94,7 @@ class EngineConfig:
     tune_gemms: bool = True
     expert_parallel_size: int = 1
     rank_timeout_s: float = 120.0
+    bind_rank_cpus: bool | None = None
     weight_memory_bytes: int | None = None
 
     def __post_init__(self) -> None:

@@ -58,9 +58,12 @@ class RankGroup:
         self._finalizer = weakref.finalize(self, _kill, self.procs)
         port = _free_port()
         threads = max(1, _num_threads() // world_size)
+        settings = asdict(config)
+        if settings["bind_rank_cpus"] is None:
+            settings["bind_rank_cpus"] = not _in_ray_worker()
         try:
             for rank in range(world_size):
-                self._start_rank(RankSetup(str(model_path), asdict(config), rank, world_size, port, threads))
+                self._start_rank(RankSetup(str(model_path), settings, rank, world_size, port, threads))
             self.ready: list[RankReady] = self._collect(_STARTUP_TIMEOUT_S, "start")
         except BaseException:
             self.close(kill=True)
@@ -159,6 +162,17 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _in_ray_worker() -> bool:
+    """Inside a Ray worker (an actor or task) process, whose node's CPUs other workers share."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return False
+    try:
+        return ray.get_runtime_context().worker.mode == ray.WORKER_MODE
+    except AttributeError:  # an older or newer runtime context: assume a worker
+        return True
 
 
 def _num_threads() -> int:

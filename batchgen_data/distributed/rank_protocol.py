@@ -89,6 +89,7 @@ class StepResult:
     num_tokens: int  # forward tokens this step (0: it joined with a zero-token forward)
     step_s: float
     comm_s: float  # of which exchanging tokens
+    comm_spans: list[tuple[float, float]] = field(default_factory=list)  # (arrived, left) per collective
 
 
 @dataclass(slots=True)

@@ -114,6 +114,17 @@ class MoEModel:
         """Cumulative seconds the MoE layers spent exchanging tokens with other ranks."""
         return sum(getattr(layer.ffn.experts, "comm_s", 0.0) for layer in self.layers if isinstance(layer.ffn, MoEBlock))
 
+    def take_comm_spans(self) -> list[tuple[float, float]]:
+        """(arrived, left) of every collective the MoE layers joined since the last call, in the
+        order they ran (wall-clock seconds); empty without expert parallelism or host timers."""
+        spans = []
+        for layer in self.layers:
+            experts = getattr(layer.ffn, "experts", None) if isinstance(layer.ffn, MoEBlock) else None
+            if experts is not None and getattr(experts, "comm_spans", None):
+                spans += experts.comm_spans
+                experts.comm_spans = []
+        return sorted(spans)
+
     def idle_forward(self) -> None:
         """A zero-token forward: the MoE layers join their collectives with nothing to send, so a
         rank without work keeps the other ranks' all-to-alls from waiting (lockstep)."""

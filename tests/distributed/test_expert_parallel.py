@@ -14,6 +14,7 @@ import torch
 from tiny_checkpoints import ARCHITECTURES, hf_greedy_continuations
 
 from batchgen_data import ConfigError, Engine, EngineConfig, EngineDeadError, SamplingParams
+from batchgen_data.distributed.expert_parallel import split_comm_time
 from batchgen_data.model import ModelConfig, MoEModel
 from batchgen_data.model.kv_cache import KVCache
 
@@ -95,6 +96,43 @@ def test_one_request_bad_prompts_and_a_drained_rank(tiny_checkpoint):
     assert "outside the vocabulary" in mixed[2].error
 
 
+def test_collective_time_splits_into_waiting_for_the_last_rank_and_exchanging():
+    # Two collectives: rank 1 arrives 3 s late to the first, rank 0 1 s late to the second.
+    spans = [[(0.0, 4.0), (6.0, 7.5)], [(3.0, 4.5), (5.0, 7.0)]]
+    split = split_comm_time(spans)
+    assert split["rank_wait_s"] == pytest.approx([3.0, 1.0])
+    assert split["rank_exchange_s"] == pytest.approx([1.0 + 1.5, 1.5 + 1.0])
+    assert split_comm_time([[(0.0, 1.0)], []]) == {}  # spans that do not line up: no split
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="binding two ranks needs two CPUs")
+def test_ranks_bind_to_their_own_cpus_and_report_wait_and_exchange(tiny_checkpoint):
+    """Each rank gets its own CPU of those the driver may use; every step's collective time of
+    each rank is its wait for the last rank plus the exchange, and one request leaves the other
+    rank waiting."""
+    folder, _ = tiny_checkpoint("mixtral")
+    cpus = sorted(os.sched_getaffinity(0))
+    engine = Engine(folder, EngineConfig(expert_parallel_size=2, block_size=8, collect_timeline=True))
+    try:
+        bound = [os.sched_getaffinity(proc.pid) for proc in engine.group.procs]
+        engine.generate([PROMPTS[2]], _greedy())
+        timeline = list(engine.timeline)
+    finally:
+        engine.close()
+    unbound = Engine(folder, EngineConfig(expert_parallel_size=2, block_size=8, bind_rank_cpus=False))
+    try:
+        free = [os.sched_getaffinity(proc.pid) for proc in unbound.group.procs]
+    finally:
+        unbound.close()
+    assert bound == [{cpus[0]}, {cpus[1]}]
+    assert free == [set(cpus), set(cpus)]
+    for step in timeline:
+        for r in range(2):
+            split = step["rank_wait_s"][r] + step["rank_exchange_s"][r]
+            assert split == pytest.approx(step["rank_comm_s"][r], abs=2e-3, rel=0.05)
+    assert max(sum(step["rank_wait_s"][r] for step in timeline) for r in range(2)) > 0
+
+
 def test_migrate_between_ranks_keeps_tokens(tiny_checkpoint):
     """Placement evens tokens, not sequences: one long request fills one rank's budget while the
     other queues fourteen short ones behind a two-slot running set. The long rank has a free slot
@@ -126,6 +164,20 @@ def test_each_rank_loads_only_its_experts(tiny_checkpoint):
         engine.close()
     assert owned == [tuple(range(0, config.num_experts // 2)), tuple(range(config.num_experts // 2, config.num_experts))]
     assert held == [full // 2, full // 2]
+
+
+def test_rank_peak_memory_is_the_ranks_own_not_the_drivers(tiny_checkpoint):
+    """A rank is spawned by fork + exec: its ``ru_maxrss`` would start at the driver's peak."""
+    folder, _ = tiny_checkpoint("mixtral")
+    ballast = torch.ones(2 * 2**30 // 4)  # 2 GiB resident in the driver before the ranks start
+    engine = Engine(folder, EngineConfig(expert_parallel_size=2, block_size=8))
+    try:
+        engine.generate([PROMPTS[0]], _greedy(4))
+        peaks = [r.peak_rss_bytes for r in engine.stats().ranks]
+    finally:
+        engine.close()
+        del ballast
+    assert all(0 < peak < 2**30 for peak in peaks), peaks
 
 
 def test_expert_count_not_divisible_by_ranks_is_a_config_error(tiny_checkpoint):
