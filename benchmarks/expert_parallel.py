@@ -39,7 +39,8 @@ def run(folder: Path, workload, ranks: int, args) -> dict:
     config = EngineConfig(device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
                           attention_batch_size=args.attention_batch_size,
                           max_num_batched_tokens=args.max_num_batched_tokens, expert_parallel_size=ranks,
-                          expert_backend=args.expert_backend, collect_timeline=True)
+                          expert_backend=args.expert_backend, collect_timeline=True,
+                          bind_rank_cpus=args.bind_rank_cpus)
     params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in workload.output_lens]
     start_load = time.perf_counter()
     with Engine(folder, config) as engine:
@@ -100,6 +101,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--expert-backend", default="native", help="the single-rank run's backend")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--no-bind-rank-cpus", dest="bind_rank_cpus", action="store_false",
+                        help="leave the ranks unbound (EngineConfig.bind_rank_cpus=False)")
     parser.add_argument("--out", type=Path, default=Path("runs/expert-parallel"))
     args = parser.parse_args(argv)
     cache = Path(os.environ.get("BATCHGEN_DATA_CACHE", Path.home() / ".cache" / "batchgen-data"))
