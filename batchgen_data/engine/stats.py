@@ -17,7 +17,7 @@ class RankStats:
     num_forwards: int
     num_idle_forwards: int  # steps it joined with nothing to run
     busy_s: float  # wall time inside its steps
-    expert_comm_s: float  # of which in all-to-all and capacity agreement
+    expert_comm_s: float  # of which in the all-to-alls and the counts exchange
     expert_weight_bytes: int  # its own experts only
     peak_rss_bytes: int
     num_suspended: int = 0

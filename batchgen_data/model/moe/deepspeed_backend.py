@@ -8,7 +8,7 @@ its gate is then replaced by ``_RoutingGate``, which hands DeepSpeed the routing
 ``Router`` in DeepSpeed's sparse-route format with capacity = the busiest expert's load (nothing
 dropped). Dispatch, the expert loop and the combine are DeepSpeed's; with ``ep_size > 1`` its
 ``_AllToAll`` moves each expert's capacity buffer to the rank that owns the expert and back, and
-the gate first gathers every rank's per-expert token counts (one small all-gather), which fixes
+the gate first gathers every rank's per-expert token counts (one small all-to-all), which fixes
 the capacity (the busiest expert on any rank, as DeepSpeed's own gate does without token
 dropping) and tells each expert how many rows of each rank's buffer are tokens: an expert runs its
 GEMMs on those rows only, never on the capacity padding, and an expert no token reached is skipped.
@@ -153,7 +153,7 @@ class DeepSpeedExperts:
             layer.wall_clock_breakdown = True  # DeepSpeed times its two all-to-alls per call
         self.moe = moe.eval()
         self.ep_size = ep_size
-        self.comm_s = 0.0  # cumulative seconds in the all-to-alls and the capacity agreement
+        self.comm_s = 0.0  # cumulative seconds in the all-to-alls and the counts exchange
         # (arrived, left) of each collective this layer joined, in wall-clock seconds (one clock
         # for every process of the node), until taken: with every rank's spans, the time a rank
         # spent waiting for a slower one splits from the time the exchange itself took.
@@ -194,7 +194,7 @@ class DeepSpeedExperts:
 
     def _take_all_to_all_s(self) -> float:
         """Seconds of this call's two all-to-alls (DeepSpeed's timers, read and reset) and of
-        the gate's capacity agreement."""
+        the gate's counts exchange."""
         from deepspeed.moe.sharded_moe import FIRST_ALLTOALL_TIMER, MOE_TIMER, SECOND_ALLTOALL_TIMER
 
         layer = self.moe.deepspeed_moe
