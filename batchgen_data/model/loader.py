@@ -58,7 +58,7 @@ def load_expert_store(reader: CheckpointReader, config: ModelConfig, shard: Expe
 def dense_weight_bytes(reader: CheckpointReader, config: ModelConfig) -> int:
     """Every tensor but the routed experts, in the engine's dtype: what stays resident beside
     an expert pool (attention, norms, routers, shared experts, dense layers, embeddings, lm_head)."""
-    element = torch.empty((), dtype=reader.dtype).element_size()
+    element = reader.dtype.itemsize
     experts = tuple(f"{moe_prefix(reader, i)[0]}.experts." for i in range(config.num_hidden_layers)
                     if config.is_sparse_layer(i))
     return sum(math.prod(reader.shape(n)) * element for n in reader.names() if not n.startswith(experts))
@@ -70,7 +70,7 @@ def _streamed_store(reader: CheckpointReader, config: ModelConfig, budget: int, 
     sparse = [i for i in range(config.num_hidden_layers) if config.is_sparse_layer(i)]
     layers = {i: layer_experts(reader, moe_prefix(reader, i)[0], config) for i in sparse}
     first = layers[sparse[0]]
-    per_expert = first.bytes_per_expert(torch.empty((), dtype=reader.dtype).element_size())
+    per_expert = first.bytes_per_expert(reader.dtype.itemsize)
     top_k, num_experts = config.num_experts_per_tok, config.num_experts
     minimum = dense_bytes + top_k * per_expert
     if budget < minimum:

@@ -110,28 +110,29 @@ class MoEModel:
         """Its MoE layers exchange tokens with other ranks: every rank must run every forward."""
         return isinstance(self.expert_store, ShardedExpertStore)
 
+    def _moe_blocks(self) -> list[MoEBlock]:
+        return [layer.ffn for layer in self.layers if isinstance(layer.ffn, MoEBlock)]
+
     def expert_comm_seconds(self) -> float:
         """Cumulative seconds the MoE layers spent exchanging tokens with other ranks."""
-        return sum(getattr(layer.ffn.experts, "comm_s", 0.0) for layer in self.layers if isinstance(layer.ffn, MoEBlock))
+        return sum(getattr(block.experts, "comm_s", 0.0) for block in self._moe_blocks())
 
     def take_comm_spans(self) -> list[tuple[float, float]]:
         """(arrived, left) of every collective the MoE layers joined since the last call, in the
         order they ran (wall-clock seconds); empty without expert parallelism or host timers."""
         spans = []
-        for layer in self.layers:
-            experts = getattr(layer.ffn, "experts", None) if isinstance(layer.ffn, MoEBlock) else None
-            if experts is not None and getattr(experts, "comm_spans", None):
-                spans += experts.comm_spans
-                experts.comm_spans = []
+        for block in self._moe_blocks():
+            if getattr(block.experts, "comm_spans", None):
+                spans += block.experts.comm_spans
+                block.experts.comm_spans = []
         return sorted(spans)
 
     def idle_forward(self) -> None:
         """A zero-token forward: the MoE layers join their collectives with nothing to send, so a
         rank without work keeps the other ranks' all-to-alls from waiting (lockstep)."""
         empty = self.embed_tokens.new_zeros((0, self.config.hidden_size))
-        for layer in self.layers:
-            if isinstance(layer.ffn, MoEBlock):
-                layer.ffn.experts(empty, layer.ffn.router(empty))
+        for block in self._moe_blocks():
+            block.experts(empty, block.router(empty))
 
     def close(self) -> None:
         """Stop a streamed expert store's fetch thread (nothing to do for resident experts)."""

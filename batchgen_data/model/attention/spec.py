@@ -44,7 +44,7 @@ class KVSpec:
 
     @property
     def bytes_per_token(self) -> int:
-        return self.values_per_token * torch.empty((), dtype=self.dtype).element_size()
+        return self.values_per_token * self.dtype.itemsize
 
 
 class AttentionLayer(Protocol):
