@@ -106,18 +106,14 @@ def read_experts(reader: CheckpointReader, prefix: str, config: ModelConfig, exp
 def _per_expert(reader: CheckpointReader, p: str, name: str, count: int, shape: tuple[int, int]):
     names = [f"{p}.{e}.{name}.weight" for e in range(count)]
     for n in names:
-        if not reader.has(n):
-            raise CheckpointError(f"tensor {n!r} missing from checkpoint {str(reader.folder)!r} (an expert of {p!r})")
-        if reader.shape(n) != shape:
-            raise CheckpointError(f"{n}: shape {reader.shape(n)}, expected {shape}")
+        _check(reader, n, shape, f"an expert of {p!r}")
     return lambda e: reader.values(names[e])
 
 
 def _fused(reader: CheckpointReader, name: str, shape: tuple[int, int, int]):
     """Expert e of a fused [E, a, b] tensor as ``shape[1:]``, transposing the last two dims if the
     checkpoint stores them the other way."""
-    if not reader.has(name):
-        raise CheckpointError(f"tensor {name!r} missing from checkpoint {str(reader.folder)!r}")
+    _require(reader, name, "fused experts")
     stored = reader.shape(name)
     if stored == shape:
         return lambda e: reader.values(name, range(e, e + 1))[0]
@@ -154,8 +150,12 @@ def _in_out_experts(reader: CheckpointReader, p: str, config: ModelConfig) -> La
     return LayerExperts(full, hidden, ffn, True, parts)
 
 
-def _check(reader: CheckpointReader, name: str, shape: tuple[int, ...], what: str) -> None:
+def _require(reader: CheckpointReader, name: str, what: str) -> None:
     if not reader.has(name):
-        raise CheckpointError(f"tensor {name!r} missing from checkpoint {str(reader.folder)!r}")
+        raise CheckpointError(f"tensor {name!r} missing from checkpoint {str(reader.folder)!r} ({what})")
+
+
+def _check(reader: CheckpointReader, name: str, shape: tuple[int, ...], what: str) -> None:
+    _require(reader, name, what)
     if reader.shape(name) != shape:
         raise CheckpointError(f"{name}: shape {reader.shape(name)}, expected {shape} ({what})")
