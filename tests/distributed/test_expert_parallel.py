@@ -114,14 +114,14 @@ def test_ranks_bind_to_their_own_cpus_and_report_wait_and_exchange(tiny_checkpoi
     cpus = sorted(os.sched_getaffinity(0))
     engine = Engine(folder, EngineConfig(expert_parallel_size=2, block_size=8, collect_timeline=True))
     try:
-        bound = [os.sched_getaffinity(proc.pid) for proc in engine.group.procs]
+        bound = [os.sched_getaffinity(pid) for pid in engine.group.pids]
         engine.generate([PROMPTS[2]], _greedy())
         timeline = list(engine.timeline)
     finally:
         engine.close()
     unbound = Engine(folder, EngineConfig(expert_parallel_size=2, block_size=8, bind_rank_cpus=False))
     try:
-        free = [os.sched_getaffinity(proc.pid) for proc in unbound.group.procs]
+        free = [os.sched_getaffinity(pid) for pid in unbound.group.pids]
     finally:
         unbound.close()
     assert bound == [{cpus[0]}, {cpus[1]}]
