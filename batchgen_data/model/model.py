@@ -8,6 +8,8 @@ combined batch); ``forward`` runs them in order for a single batch.
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -21,7 +23,7 @@ from batchgen_data.model.decoder import DecoderLayer, MoEBlock
 from batchgen_data.model.kv_cache import KVCache
 from batchgen_data.model.layers import GatedMLP, SharedExpert, linear, rms_norm
 from batchgen_data.model.loader import dense_weight_bytes, load_expert_store, load_layers
-from batchgen_data.model.moe.store import ExpertShard, ExpertStore, ShardedExpertStore
+from batchgen_data.model.moe.store import ExpertShard, ExpertStore
 from batchgen_data.model.rope import RotaryEmbedding
 
 
@@ -108,7 +110,7 @@ class MoEModel:
     @property
     def is_expert_parallel(self) -> bool:
         """Its MoE layers exchange tokens with other ranks: every rank must run every forward."""
-        return isinstance(self.expert_store, ShardedExpertStore)
+        return self.expert_store is not None and self.expert_store.shard is not None
 
     def _moe_blocks(self) -> list[MoEBlock]:
         return [layer.ffn for layer in self.layers if isinstance(layer.ffn, MoEBlock)]
@@ -154,16 +156,44 @@ class MoEModel:
     def forward(
         self,
         input_ids: torch.Tensor,  # [T]
-        meta: AttentionMetadata,
+        attention: AttentionMetadata | list[AttentionMetadata],
         kv_cache: KVCache,
-        expert_counts: list[torch.Tensor] | None = None,
+        trace: ForwardTrace | None = None,
     ) -> torch.Tensor:
-        """Run all layers on one flat batch; returns the final hidden states [T, H] (pre-norm)."""
-        h = self.embed(input_ids)
-        batch = AttentionBatch.combine([meta], self.rotary, self.dtype)
+        """Run all layers on one flat batch; returns the final hidden states [T, H] (pre-norm).
+
+        ``attention`` is the batch's metadata, or one per attention micro-batch (their tokens
+        in order in ``input_ids``): every layer runs attention per micro-batch and the router
+        and experts once on the combined batch. ``trace`` collects per-module time and expert
+        calls.
+        """
+        metas = attention if isinstance(attention, list) else [attention]
+        batch = AttentionBatch.combine(metas, self.rotary, self.dtype)
+        h = self.embed(input_ids)  # [T, H]
         for layer_id, layer in enumerate(self.layers):
+            t0 = time.perf_counter()
             h = layer.attention_block(h, batch, kv_cache.layers[layer_id])
+            t1 = time.perf_counter()
             h, counts = layer.ffn_block(h)
-            if expert_counts is not None and counts is not None:
-                expert_counts.append(counts)
+            if trace is not None:
+                trace.add(t1 - t0, time.perf_counter() - t1, counts)
         return h
+
+
+@dataclass(slots=True)
+class ForwardTrace:
+    """What one ``MoEModel.forward`` spent: wall seconds in attention blocks (norms, projections,
+    attention cores) and in FFN blocks (routers, experts, dense FFNs), and the (layer, expert)
+    calls that ran with the token rows routed to them."""
+
+    attention_s: float = 0.0
+    moe_s: float = 0.0
+    expert_calls: int = 0
+    expert_tokens: int = 0
+
+    def add(self, attention_s: float, moe_s: float, counts: torch.Tensor | None) -> None:
+        self.attention_s += attention_s
+        self.moe_s += moe_s
+        if counts is not None:  # [E] routed rows per expert
+            self.expert_calls += int((counts > 0).sum())
+            self.expert_tokens += int(counts.sum())

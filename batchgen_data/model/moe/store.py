@@ -3,19 +3,22 @@
 A store answers "give me layer l's weights for experts S" and says which experts this process
 owns. The expert backends read weights only through it, so the rest of the engine does not know
 whether an expert is a resident tensor (``ResidentExpertStore``), held by another rank (expert
-parallelism: a store that owns a subset), or fetched from a slower tier into a bounded pool
-(offloading: ``streamed_store.StreamedExpertStore``, which copies on demand and evicts).
+parallelism: a store that owns a subset, its ``shard`` set), or fetched from a slower tier into a
+bounded pool (offloading: ``streamed_store.StreamedExpertStore``, which copies on demand and
+evicts). Callers ask what kind a store is through the contract, never its class:
+``store.shard is not None`` (sharded) and ``isinstance(store, StreamedStore)`` (streamed).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
 from batchgen_data.errors import ConfigError
 from batchgen_data.model.moe.experts import ExpertWeights
+from batchgen_data.model.moe.stream_stats import StreamStats
 
 
 class ExpertStore(Protocol):
@@ -23,6 +26,7 @@ class ExpertStore(Protocol):
 
     num_experts: int  # E, every layer's expert count (global ids 0 .. E-1)
     capacity: int | None  # most experts one answer can hold (None: every owned one)
+    shard: ExpertShard | None  # this expert-parallel rank's share (None: not sharded)
 
     def owned(self, layer_id: int) -> tuple[int, ...]:
         """Global ids of the experts of ``layer_id`` this process computes."""
@@ -39,8 +43,33 @@ class ExpertStore(Protocol):
         ...
 
 
+@runtime_checkable
+class StreamedStore(ExpertStore, Protocol):
+    """A store streaming its experts through a bounded pool of slots (``StreamedExpertStore``):
+    what the engine plans and reports offloading with. ``isinstance`` checks that every member
+    exists (not their types); only a streamed store has ``bytes_per_expert`` and ``stats``."""
+
+    capacity: int
+    bytes_per_expert: int
+    stats: StreamStats  # cumulative hits, misses, copies and waits
+    pool: ExpertWeights  # [S, ...] the slots every answer reads
+
+    @property
+    def nbytes(self) -> int:
+        """The pool's bytes (fixed at load)."""
+        ...
+
+    def warm(self) -> float:
+        """Fill the pool at load; the measured fetch rate in bytes/s."""
+        ...
+
+    def close(self) -> None:
+        """Stop the fetch thread."""
+        ...
+
+
 def in_batches(store: ExpertStore, expert_ids: list[int]) -> list[list[int]]:
-    """``expert_ids`` (ascending) in runs of at most the store's ``capacity``: one store answer each."""
+    """``expert_ids`` (ascending) in runs of at most ``store.capacity``: one answer each."""
     size = store.capacity or max(len(expert_ids), 1)
     return [expert_ids[i : i + size] for i in range(0, len(expert_ids), size)] or [[]]
 
@@ -49,6 +78,7 @@ class ResidentExpertStore:
     """Every expert of every sparse layer as a resident tensor in this process (zero-copy reads)."""
 
     capacity = None
+    shard: ExpertShard | None = None  # every expert: not sharded (``ShardedExpertStore`` sets it)
 
     def __init__(self, layers: dict[int, ExpertWeights], num_experts: int):
         self._layers = layers
@@ -80,7 +110,8 @@ class ExpertShard:
     def owned(self, num_experts: int) -> range:
         if num_experts % self.world_size:
             raise ConfigError(
-                f"expert_parallel_size={self.world_size} must divide the model's {num_experts} experts per layer"
+                f"expert_parallel_size={self.world_size} must divide the model's {num_experts} "
+                "experts per layer"
             )
         per_rank = num_experts // self.world_size
         return range(self.rank * per_rank, (self.rank + 1) * per_rank)
@@ -96,9 +127,11 @@ class ShardedExpertStore(ResidentExpertStore):
         super().__init__(layers, num_experts)
         self.shard = shard
         self._all = tuple(shard.owned(num_experts))
-        row_of = torch.full((num_experts,), -1, dtype=torch.long)
+        row_of = torch.full((num_experts,), -1, dtype=torch.long)  # [E] global id -> local row
         row_of[list(self._all)] = torch.arange(len(self._all))
         for weights in layers.values():
             if weights.num_rows != len(self._all):
-                raise ValueError(f"a shard holds {weights.num_rows} experts, expected {len(self._all)}")
+                raise ValueError(
+                    f"a shard holds {weights.num_rows} experts, expected {len(self._all)}"
+                )
             weights.row_of = row_of
