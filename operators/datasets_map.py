@@ -13,14 +13,8 @@ from __future__ import annotations
 import os
 
 import torch
-from batchgen_data.operators.batch_format import to_columns, with_output_columns
-from batchgen_data.operators.rows import (
-    RowResult,
-    StageConfig,
-    check_errors,
-    output_columns,
-    prepare_rows,
-)
+from batchgen_data.operators.rows import RowResult, StageConfig
+from batchgen_data.operators.stage import finish_batch, prepare_batch
 
 from batchgen_data.engine.engine import Engine
 
@@ -46,31 +40,29 @@ def _engine_for(config: StageConfig) -> Engine:
 class BatchGenMap:
     """A ``datasets.Dataset.map(batched=True)`` function adding the generated columns.
 
-    Takes the same arguments as ``BatchGenOperator`` (``json_columns`` included) and produces the
-    same output columns. Reading files is ``datasets``' job (``load_dataset("json", ...)`` stops
-    at a malformed line); a row with a reason in ``__input_error__`` becomes an error row with
-    that message (``datasets`` keeps the input columns a map does not return: pass
-    ``remove_columns=["__input_error__"]`` to ``.map`` to drop that one).
+    Takes the same arguments as ``BatchGenOperator`` (``json_columns`` and the sampling defaults
+    included) and produces the same output columns. Reading files is ``datasets``' job
+    (``load_dataset("json", ...)`` stops at a malformed line); a row with a reason in
+    ``__input_error__`` becomes an error row with that message (``datasets`` keeps the input
+    columns a map does not return: pass ``remove_columns=["__input_error__"]`` to ``.map`` to
+    drop that one).
     """
 
-    def __init__(self, model: str = "demo", engine_config=None, prompt_column=None, prompt_template=None,
-                 should_continue_on_error: bool = True, json_columns=None, **sampling_defaults):
-        self.config = StageConfig(model=model, engine_config=engine_config, prompt_column=prompt_column,
-                                  prompt_template=prompt_template,
-                                  should_continue_on_error=should_continue_on_error, json_columns=json_columns,
-                                  **sampling_defaults)
+    def __init__(self, model: str = "demo", engine_config=None, prompt_column=None,
+                 prompt_template=None, should_continue_on_error: bool = True, json_columns=None,
+                 **sampling_defaults):
+        self.config = StageConfig(model=model, engine_config=engine_config,
+                                  prompt_column=prompt_column, prompt_template=prompt_template,
+                                  should_continue_on_error=should_continue_on_error,
+                                  json_columns=json_columns, **sampling_defaults)
 
     def __call__(self, batch: dict) -> dict:
-        columns, num_rows = to_columns(batch)
-        rows = prepare_rows(columns, num_rows, self.config)
-        valid = [r for r in rows if r.error is None]
-        results = [RowResult.failed(r.error) if r.error is not None else None for r in rows]
-        if valid:
-            outputs = _engine_for(self.config).generate([r.prompt for r in valid], [r.params for r in valid])
-            for row, out in zip(valid, outputs):
-                results[row.index] = RowResult.from_output(out)
-        check_errors(rows, results, self.config)
-        return with_output_columns(batch, output_columns(results))
+        prepared = prepare_batch(batch, self.config)
+        results = []
+        if prepared.valid_rows:  # an all-error batch needs no engine
+            outputs = _engine_for(self.config).generate(prepared.prompts, prepared.params)
+            results = [RowResult.from_output(out) for out in outputs]
+        return finish_batch(prepared, results, self.config)
 
     def __getstate__(self) -> dict:
         return {"config": self.config}

@@ -1,8 +1,8 @@
 """``BatchGenOperator``: the Ray Data stage.
 
     ds.map_batches(BatchGenOperator, fn_constructor_kwargs={"model": "demo", "max_tokens": 64},
-                   batch_size=64, compute=ray.data.ActorPoolStrategy(size=2, max_concurrent_calls_per_actor=4),
-                   num_cpus=0.5)
+                   batch_size=64, num_cpus=0.5,
+                   compute=ray.data.ActorPoolStrategy(size=2, max_concurrent_calls_per_actor=4))
 
 Each actor hosts one engine. ``__call__`` is async, so the rows of every batch in flight in the
 actor feed the same running set (continuous batching across batches). This class only does row
@@ -12,17 +12,11 @@ bookkeeping; the engine does the work.
 from __future__ import annotations
 
 import logging
-import os
 
-from batchgen_data.operators.batch_format import to_columns, with_output_columns
 from batchgen_data.operators.restart import exit_for_restart
-from batchgen_data.operators.rows import (
-    RowResult,
-    StageConfig,
-    check_errors,
-    output_columns,
-    prepare_rows,
-)
+from batchgen_data.operators.rows import RowResult, StageConfig
+from batchgen_data.operators.stage import PreparedBatch, finish_batch, prepare_batch
+from batchgen_data.operators.stats_report import write_stats_report
 
 from batchgen_data.engine.async_engine import AsyncEngine
 from batchgen_data.engine.engine import Engine
@@ -53,8 +47,11 @@ class BatchGenOperator:
             they go back to the pool.
         json_columns (list[str] | None, default None): columns holding JSON text, decoded before
             each row is validated (see ``StageConfig``).
-        **sampling_defaults: ``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``,
-            ``stop``, ``stop_token_ids``, ``ignore_eos`` for rows without ``sampling_params``.
+        stats_dir (str | None, default None): benchmark instrumentation: after every batch,
+            write this actor's engine timeline and counters to ``stats_dir/actor-<pid>.json``.
+        **sampling_defaults: ``max_tokens`` (default 16), ``temperature`` (default 0, greedy),
+            ``top_p``, ``top_k``, ``seed``, ``stop``, ``stop_token_ids``, ``ignore_eos``,
+            ``skip_special_tokens`` for rows without ``sampling_params`` (see ``StageConfig``).
 
     Output columns: ``generated_text``, ``generated_tokens``, ``num_input_tokens``,
     ``num_generated_tokens``, ``finish_reason``, ``time_taken_llm`` and ``__inference_error__``
@@ -68,14 +65,14 @@ class BatchGenOperator:
     not passed through).
     """
 
-    def __init__(self, model: str = "demo", engine_config=None, prompt_column=None, prompt_template=None,
-                 should_continue_on_error: bool = True, rebalance: bool | None = None,
-                 lease_timeout_s: float = 15.0, stats_dir: str | None = None, json_columns=None,
-                 **sampling_defaults):
-        self.config = StageConfig(model=model, engine_config=engine_config, prompt_column=prompt_column,
-                                  prompt_template=prompt_template,
-                                  should_continue_on_error=should_continue_on_error, json_columns=json_columns,
-                                  **sampling_defaults)
+    def __init__(self, model: str = "demo", engine_config=None, prompt_column=None,
+                 prompt_template=None, should_continue_on_error: bool = True,
+                 rebalance: bool | None = None, lease_timeout_s: float = 15.0,
+                 stats_dir: str | None = None, json_columns=None, **sampling_defaults):
+        self.config = StageConfig(model=model, engine_config=engine_config,
+                                  prompt_column=prompt_column, prompt_template=prompt_template,
+                                  should_continue_on_error=should_continue_on_error,
+                                  json_columns=json_columns, **sampling_defaults)
         if rebalance is None:  # on inside a Ray actor (several actors share a pool), off elsewhere
             rebalance = _in_ray_actor()
         coordinator = None
@@ -91,63 +88,54 @@ class BatchGenOperator:
         if rebalance:
             from batchgen_data.operators.rebalance import RebalanceClient
 
-            self.rebalancer = RebalanceClient(self.engine, repr(self.config), lease_timeout_s, coordinator)
+            self.rebalancer = RebalanceClient(self.engine, repr(self.config), lease_timeout_s,
+                                              coordinator)
         self._rows_in_flight = 0
         self._peak_rows_in_flight = 0
         self._num_calls = 0
         self._warned = False
 
     async def __call__(self, batch):
-        columns, num_rows = to_columns(batch)
-        rows = prepare_rows(columns, num_rows, self.config)
-        valid = [r for r in rows if r.error is None]
-        results = [RowResult.failed(r.error) if r.error is not None else None for r in rows]
-        self._track(len(valid))
+        prepared = prepare_batch(batch, self.config)
+        num_valid = len(prepared.valid_rows)
+        self._track(num_valid)
         try:
-            routed = None
-            if self.rebalancer is not None and valid:
-                routed = await self.rebalancer.run_batch([r.prompt for r in valid], [r.params for r in valid])
-            if routed is None:
-                outputs = await self.engine.generate([r.prompt for r in valid], [r.params for r in valid])
-                routed = [RowResult.from_output(out) for out in outputs]
+            results = await self._generate(prepared)
         except EngineDeadError:
             exit_for_restart()
         finally:
-            self._rows_in_flight -= len(valid)
-        for row, result in zip(valid, routed):
-            results[row.index] = result
-        check_errors(rows, results, self.config)
+            self._rows_in_flight -= num_valid
+        output = finish_batch(prepared, results, self.config)
         if self.stats_dir is not None:
-            self._write_stats()
-        return with_output_columns(batch, output_columns(results))
+            write_stats_report(self.stats_dir, self.engine.engine, self.rebalance_stats())
+        return output
+
+    async def _generate(self, prepared: PreparedBatch) -> list[RowResult]:
+        """The valid rows' results: through the stage's shared pool when rebalancing, else (or
+        when the pool's coordinator cannot be reached) on this actor's engine."""
+        prompts, params = prepared.prompts, prepared.params
+        if self.rebalancer is not None and prompts:
+            results = await self.rebalancer.run_batch(prompts, params)
+            if results is not None:
+                return results
+        outputs = await self.engine.generate(prompts, params)
+        return [RowResult.from_output(out) for out in outputs]
 
     def _track(self, num_rows: int) -> None:
         self._rows_in_flight += num_rows
         self._peak_rows_in_flight = max(self._peak_rows_in_flight, self._rows_in_flight)
         self._num_calls += 1
         target = self.engine.engine.max_running_seqs
-        if not self._warned and self._num_calls > _WARN_AFTER_CALLS and self._peak_rows_in_flight < target:
+        is_ramped_up = self._num_calls > _WARN_AFTER_CALLS
+        if not self._warned and is_ramped_up and self._peak_rows_in_flight < target:
             self._warned = True
             logger.warning(
-                "at most %d rows have been in flight in this actor, but the engine batches up to %d "
-                "sequences (max_num_seqs): raise batch_size or max_concurrent_calls_per_actor "
-                "(rows in flight = batch_size x concurrent calls) to fill it",
+                "at most %d rows have been in flight in this actor, but the engine batches up "
+                "to %d sequences (max_num_seqs): raise batch_size or "
+                "max_concurrent_calls_per_actor (rows in flight = batch_size x concurrent calls) "
+                "to fill it",
                 self._peak_rows_in_flight, target,
             )
-
-    def _write_stats(self) -> None:
-        """Benchmark instrumentation: this actor's engine timeline and counters, as JSON."""
-        import json
-        from dataclasses import asdict
-        from pathlib import Path
-
-        engine = self.engine.engine
-        report = {"pid": os.getpid(), "engine": asdict(engine.stats()), "rebalance": self.rebalance_stats(),
-                  "start_wall": engine.start_wall, "timeline": engine.timeline}
-        path = Path(self.stats_dir) / f"actor-{os.getpid()}.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(report))
-        os.replace(tmp, path)
 
     def rebalance_stats(self) -> dict:
         """This actor's rebalancing counters: items leased, run for other owners, sequences given

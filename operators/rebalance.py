@@ -17,9 +17,9 @@ NOTE: how one actor takes part.
     completes without rebalancing rather than losing rows.
   * At the tail (nothing pending), the pool asks a worker with more sequences than one that
     leaves running slots empty to give some back (PARTITION of the straggler set): its engine
-    exports the ones with the most tokens left that are worth moving
-    (``batchgen_data/migration.py``), with their KV when shipping it beats recomputing, and the
-    idle worker leases and continues them (MIGRATE). A given-back item is an ordinary pending
+    exports unstarted ones first, then the ones with the most tokens left that are worth moving
+    (``batchgen_data/engine/migration.py``: ``pick_to_move``, ``MigrationCosts``), with their KV
+    when shipping it beats recomputing, and the idle worker leases and continues them (MIGRATE). A given-back item is an ordinary pending
     item with a state attached, so leases, expiry and first-result-wins cover it unchanged.
   * Ray Data shuts an actor down once it has no call in flight and no input is left, so an actor
     leases only while one of its own calls is open, and its last open call stays open while the
@@ -51,7 +51,7 @@ from batchgen_data.distributed.coordinator import (
     coordinator_name,
     get_or_create_coordinator,
 )
-from batchgen_data.distributed.migration import MigrationCosts
+from batchgen_data.engine.migration import MigrationCosts
 from batchgen_data.engine.async_engine import AsyncEngine, MigratedOut
 from batchgen_data.engine.sampling_params import SamplingParams
 from batchgen_data.errors import EngineDeadError

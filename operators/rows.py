@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import typing
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +33,16 @@ OUTPUT_COLUMNS = (
     "time_taken_llm",
     ERROR_COLUMN,
 )
-_SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "ignore_eos")
+# The stages' sampling defaults: vLLM's (``SamplingParams``), except that a batch job samples
+# greedily unless told otherwise, so rerunning it gives the same outputs.
+STAGE_SAMPLING_DEFAULTS = {**SamplingParams.defaults(), "temperature": 0.0}
+SAMPLING_FIELDS = tuple(STAGE_SAMPLING_DEFAULTS)
+# Fields that hold ints (pandas hands nullable ints inside structs over as floats).
+_INT_FIELDS = frozenset(
+    name
+    for name, hint in typing.get_type_hints(SamplingParams).items()
+    if name in SAMPLING_FIELDS and (hint is int or int in typing.get_args(hint))
+)
 
 
 @dataclass(slots=True)
@@ -48,8 +58,10 @@ class StageConfig:
             ``prompt_template.format(**row)`` (``{column}`` placeholders) instead.
         should_continue_on_error (bool, default True): a bad row becomes an error row; False
             raises instead.
-        max_tokens, temperature, top_p, top_k, seed, stop, stop_token_ids, ignore_eos: defaults
-            for rows without their own ``sampling_params`` (vLLM names; temperature 0 = greedy).
+        max_tokens, temperature, top_p, top_k, seed, stop, stop_token_ids, ignore_eos,
+            skip_special_tokens: defaults for rows without their own ``sampling_params``, with
+            vLLM's names and defaults (``max_tokens`` 16, ``top_p`` 1.0, ...) except
+            ``temperature``, 0 (greedy) here; see ``STAGE_SAMPLING_DEFAULTS``.
         json_columns (list[str] | None, default None): columns holding JSON text, decoded to
             Python values before validation. A reader stores a column this way when its values
             have no single Arrow type (a ``sampling_params`` that is a string in one row and an
@@ -66,27 +78,29 @@ class StageConfig:
     prompt_column: str | None = None
     prompt_template: str | None = None
     should_continue_on_error: bool = True
-    max_tokens: int = 256
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: list[str] | str | None = None
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
+    max_tokens: int = STAGE_SAMPLING_DEFAULTS["max_tokens"]
+    temperature: float = STAGE_SAMPLING_DEFAULTS["temperature"]
+    top_p: float = STAGE_SAMPLING_DEFAULTS["top_p"]
+    top_k: int = STAGE_SAMPLING_DEFAULTS["top_k"]
+    seed: int | None = STAGE_SAMPLING_DEFAULTS["seed"]
+    stop: list[str] | str | None = STAGE_SAMPLING_DEFAULTS["stop"]
+    stop_token_ids: list[int] | None = STAGE_SAMPLING_DEFAULTS["stop_token_ids"]
+    ignore_eos: bool = STAGE_SAMPLING_DEFAULTS["ignore_eos"]
+    skip_special_tokens: bool = STAGE_SAMPLING_DEFAULTS["skip_special_tokens"]
     json_columns: list[str] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.engine_config, dict):
             self.engine_config = EngineConfig(**self.engine_config)
         if self.json_columns is not None:
-            if isinstance(self.json_columns, str) or not all(isinstance(c, str) for c in self.json_columns):
-                raise ConfigError(f"json_columns must be a list of column names, got {self.json_columns!r}")
+            names = self.json_columns
+            if isinstance(names, str) or not all(isinstance(c, str) for c in names):
+                raise ConfigError(f"json_columns must be a list of column names, got {names!r}")
             self.json_columns = list(self.json_columns)
         self.default_params()  # validate defaults eagerly: a bad default is a config error
 
     def default_params(self) -> SamplingParams:
-        return SamplingParams(**{name: getattr(self, name) for name in _SAMPLING_FIELDS})
+        return SamplingParams(**{name: getattr(self, name) for name in SAMPLING_FIELDS})
 
 
 @dataclass(slots=True)
@@ -182,18 +196,25 @@ class _Cells:
             try:
                 return json.loads(value)
             except json.JSONDecodeError as err:
-                raise RowError(f"column {name!r} should hold JSON text but holds {value[:80]!r} ({err.msg})") from None
+                raise RowError(
+                    f"column {name!r} should hold JSON text but holds {value[:80]!r} ({err.msg})"
+                ) from None
         return value
 
 
 def _prompt_columns(columns: dict[str, list], config: StageConfig) -> list[str]:
     if config.prompt_column is not None:
         if config.prompt_column not in columns:
-            raise ConfigError(f"prompt_column {config.prompt_column!r} not in the batch columns {sorted(columns)}")
+            raise ConfigError(
+                f"prompt_column {config.prompt_column!r} not in the batch columns {sorted(columns)}"
+            )
         return [config.prompt_column]
     present = [name for name in PROMPT_COLUMNS if name in columns]
     if not present:
-        raise ConfigError(f"the batch has none of the prompt columns {list(PROMPT_COLUMNS)}; columns: {sorted(columns)}")
+        raise ConfigError(
+            f"the batch has none of the prompt columns {list(PROMPT_COLUMNS)}; "
+            f"columns: {sorted(columns)}"
+        )
     return present
 
 
@@ -211,7 +232,9 @@ def _format_prompt(template: str, cells: _Cells, index: int) -> str:
     try:
         prompt = template.format(**values)
     except KeyError as err:
-        raise RowError(f"prompt_template needs column {err.args[0]!r}, not in {sorted(values)}") from None
+        raise RowError(
+            f"prompt_template needs column {err.args[0]!r}, not in {sorted(values)}"
+        ) from None
     except (IndexError, ValueError) as err:
         raise RowError(f"prompt_template could not be filled: {err}") from None
     if not prompt.strip():
@@ -231,7 +254,10 @@ def _read_prompt(value: Any, column: str) -> Any:
         if not value:
             raise RowError(f"empty prompt in column {column!r}")
         return value
-    raise RowError(f"prompt in column {column!r} must be a string, token-id list or messages list, got {type(value).__name__}")
+    raise RowError(
+        f"prompt in column {column!r} must be a string, token-id list or messages list, "
+        f"got {type(value).__name__}"
+    )
 
 
 def _row_params(value: Any, defaults: SamplingParams) -> SamplingParams:
@@ -240,16 +266,13 @@ def _row_params(value: Any, defaults: SamplingParams) -> SamplingParams:
         return defaults
     if not isinstance(value, dict):
         raise RowError(f"sampling_params must be a dict, got {type(value).__name__}")
-    merged = {name: getattr(defaults, name) for name in _SAMPLING_FIELDS}
+    merged = defaults.to_dict()
     # Arrow structs give every key (null where a row did not set it): null means "default".
     merged.update({k: _coerce(k, v) for k, v in value.items() if not _is_null(v)})
     try:
         return SamplingParams.from_dict(merged)
     except ConfigError as err:
         raise RowError(f"invalid sampling_params: {err}") from None
-
-
-_INT_FIELDS = ("max_tokens", "top_k", "seed")
 
 
 def _is_null(value: Any) -> bool:

@@ -19,6 +19,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from batchgen_data.engine.sampling_params import SamplingParams
+
 # A worker that asked for work this recently counts as active when sharing out pending items.
 _ACTIVE_WINDOW_S = 1.0
 # After giving sequences back, a worker is not asked again for this long (the receivers'
@@ -52,7 +54,8 @@ class WorkItem:
     @property
     def cost(self) -> int:
         """Work estimate in tokens: the output budget left dominates a decode-bound batch job."""
-        return max(0, int(self.params.get("max_tokens") or 256) - self.num_generated) + 1
+        max_tokens = self.params.get("max_tokens") or SamplingParams.defaults()["max_tokens"]
+        return max(0, int(max_tokens) - self.num_generated) + 1
 
 
 @dataclass(slots=True)

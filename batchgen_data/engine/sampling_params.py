@@ -90,3 +90,14 @@ class SamplingParams:
         if unknown:
             raise ConfigError(f"unknown sampling parameter(s) {unknown}; known: {sorted(known)}")
         return cls(**{k: v for k, v in values.items() if v is not None or k == "seed"})
+
+    @classmethod
+    def defaults(cls) -> dict:
+        """Every public field's default, by name: the one copy the pipeline stages, the CLI flags
+        and the work pool take theirs from.
+
+        Example:
+            >>> SamplingParams.defaults()["max_tokens"]
+            16
+        """
+        return cls().to_dict()

@@ -1,7 +1,7 @@
 """``batchgen-data``: run a MoE model over a folder of Parquet / JSONL / CSV rows.
 
-    batchgen-data run INPUT OUTPUT [--model PATH|demo] [--prompt-column COL] [--max-tokens N]
-                      [--weight-memory SIZE] [--workers N] [--address ADDR] ...
+    batchgen-data run INPUT OUTPUT [--model PATH|demo] [--prompt-column COL]
+                      [--max-tokens N] [--weight-memory SIZE] [--workers N] [--address ADDR] ...
 
 Interrupted (Ctrl-C, kill -9)? Run the same command again: finished parts are kept, the rest is
 redone, and every input row comes out exactly once.
@@ -21,6 +21,7 @@ from pathlib import Path
 
 from batchgen_data.errors import BatchGenError, ConfigError
 from batchgen_data.jobs.sizes import parse_byte_size
+from batchgen_data.operators.rows import STAGE_SAMPLING_DEFAULTS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,27 +30,42 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="generate for every row of INPUT into part files under OUTPUT")
     run.add_argument("input", type=Path, help="a .parquet/.jsonl/.csv file or a folder of them")
-    run.add_argument("output", type=Path, help="output folder (reused to resume an interrupted job)")
-    run.add_argument("--model", default="demo", help="'demo' (default) or a local checkpoint folder")
+    run.add_argument("output", type=Path,
+                     help="output folder (reused to resume an interrupted job)")
+    run.add_argument("--model", default="demo",
+                     help="'demo' (default) or a local checkpoint folder")
     run.add_argument("--prompt-column", default=None,
                      help="column holding prompts (default: prompt, messages or prompt_token_ids)")
     run.add_argument("--prompt-template", default=None,
-                     help="build prompts from columns: a text with {column} placeholders, or a file holding it")
+                     help="build prompts from columns: a text with {column} placeholders, "
+                          "or a file holding it")
     run.add_argument("--output-format", choices=("parquet", "jsonl"), default="parquet")
-    run.add_argument("--rows-per-part", type=int, default=256, help="rows per output part file (default 256)")
+    run.add_argument("--rows-per-part", type=int, default=256,
+                     help="rows per output part file (default %(default)s)")
     run.add_argument("--encoding", default=None,
-                     help="text encoding of JSONL and CSV inputs (default utf-8; bad bytes mark their row as an error)")
+                     help="text encoding of JSONL and CSV inputs (default utf-8; bad bytes mark "
+                          "their row as an error)")
     run.add_argument("--skip-bad-files", action="store_true",
-                     help="process the readable input files and list the others in OUTPUT/_skipped.json "
-                          "instead of stopping")
-    sampling = run.add_argument_group("sampling defaults (rows may override with a sampling_params column)")
-    sampling.add_argument("--max-tokens", type=int, default=256)
-    sampling.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    sampling.add_argument("--top-p", type=float, default=1.0)
-    sampling.add_argument("--top-k", type=int, default=0)
-    sampling.add_argument("--seed", type=int, default=None)
-    sampling.add_argument("--stop", action="append", default=None, help="a stop string (repeatable)")
-    sampling.add_argument("--ignore-eos", action="store_true")
+                     help="process the readable input files and list the others in "
+                          "OUTPUT/_skipped.json instead of stopping")
+    # The flags' defaults are the stages' (vLLM's SamplingParams defaults, greedy).
+    defaults = STAGE_SAMPLING_DEFAULTS
+    sampling = run.add_argument_group(
+        "sampling defaults (rows may override with a sampling_params column)")
+    sampling.add_argument("--max-tokens", type=int, default=defaults["max_tokens"],
+                          help="most tokens to generate per row (default %(default)s)")
+    sampling.add_argument("--temperature", type=float, default=defaults["temperature"],
+                          help="0 = greedy (default %(default)s)")
+    sampling.add_argument("--top-p", type=float, default=defaults["top_p"],
+                          help="nucleus mass to keep, in (0, 1] (default %(default)s)")
+    sampling.add_argument("--top-k", type=int, default=defaults["top_k"],
+                          help="keep the k most likely tokens; 0 = off (default %(default)s)")
+    sampling.add_argument("--seed", type=int, default=defaults["seed"],
+                          help="sampling seed (default: unseeded)")
+    sampling.add_argument("--stop", action="append", default=defaults["stop"],
+                          help="a stop string (repeatable)")
+    sampling.add_argument("--ignore-eos", action="store_true", default=defaults["ignore_eos"],
+                          help="keep generating past end-of-sequence tokens")
     engine = run.add_argument_group("engine")
     engine.add_argument("--device", default="auto")
     engine.add_argument("--dtype", default="auto")
@@ -57,18 +73,24 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--kv-cache-memory-bytes", type=int, default=None)
     engine.add_argument("--expert-backend", choices=("native", "deepspeed"), default="native")
     engine.add_argument("--expert-parallel-size", type=int, default=1,
-                        help="N > 1: spread the experts over N rank processes (DeepSpeed-MoE all-to-all)")
+                        help="N > 1: spread the experts over N rank processes "
+                             "(DeepSpeed-MoE all-to-all)")
     engine.add_argument("--weight-memory", type=_byte_size, default=None, metavar="SIZE",
-                        help="memory for the model's weights, like 8GB or 512MiB (default: all resident); "
-                             "the routed experts stream from the checkpoint through what the dense weights leave")
+                        help="memory for the model's weights, like 8GB or 512MiB (default: all "
+                             "resident); the routed experts stream from the checkpoint through "
+                             "what the dense weights leave")
     dist = run.add_argument_group("distributed (Ray Data)")
-    dist.add_argument("--workers", type=int, default=1, help="N > 1: N engine actors through Ray Data")
-    dist.add_argument("--address", default=None, help="join this Ray cluster instead of starting one")
+    dist.add_argument("--workers", type=int, default=1,
+                      help="N > 1: N engine actors through Ray Data")
+    dist.add_argument("--address", default=None,
+                      help="join this Ray cluster instead of starting one")
     dist.add_argument("--batch-size", type=int, default=64, help="rows per Ray Data batch")
-    dist.add_argument("--max-concurrent-batches", type=int, default=4, help="batches in flight per actor")
+    dist.add_argument("--max-concurrent-batches", type=int, default=4,
+                      help="batches in flight per actor")
     dist.add_argument("--cpus-per-worker", type=float, default=None)
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
-    run.add_argument("--fail-on-error", action="store_true", help="stop at the first bad row instead of writing error rows")
+    run.add_argument("--fail-on-error", action="store_true",
+                     help="stop at the first bad row instead of writing error rows")
     return parser
 
 
@@ -97,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
 
         stage = StageConfig(
             model=args.model,
-            engine_config=EngineConfig(device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
+            engine_config=EngineConfig(device=args.device, dtype=args.dtype,
+                                       max_num_seqs=args.max_num_seqs,
                                        max_num_batched_tokens=max(2048, args.max_num_seqs),
                                        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
                                        expert_backend=args.expert_backend,
@@ -106,14 +129,16 @@ def main(argv: list[str] | None = None) -> int:
             prompt_column=args.prompt_column,
             prompt_template=_read_template(args.prompt_template),
             should_continue_on_error=not args.fail_on_error,
-            max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-            seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos,
+            max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+            top_k=args.top_k, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos,
         )
         if args.rows_per_part < 1 or args.workers < 1:
-            raise BatchGenError(f"--rows-per-part and --workers must be >= 1, got {args.rows_per_part} and {args.workers}")
-        spec = JobSpec(input=args.input, output=args.output, stage=stage, rows_per_part=args.rows_per_part,
-                       output_format=args.output_format, workers=args.workers, address=args.address,
-                       batch_size=args.batch_size, max_concurrent_batches=args.max_concurrent_batches,
+            raise BatchGenError(f"--rows-per-part and --workers must be >= 1, "
+                                f"got {args.rows_per_part} and {args.workers}")
+        spec = JobSpec(input=args.input, output=args.output, stage=stage,
+                       rows_per_part=args.rows_per_part, output_format=args.output_format,
+                       workers=args.workers, address=args.address, batch_size=args.batch_size,
+                       max_concurrent_batches=args.max_concurrent_batches,
                        cpus_per_worker=args.cpus_per_worker, show_progress=not args.no_progress,
                        encoding=args.encoding, skip_bad_files=args.skip_bad_files)
         summary = run_job(spec)
@@ -131,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in summary.empty_inputs:
         print(f"batchgen-data: {name} has zero rows")
     if summary.skipped_inputs:
-        print(f"batchgen-data: skipped {len(summary.skipped_inputs)} input files that cannot be read "
-              f"(listed in {args.output / '_skipped.json'}):")
+        print(f"batchgen-data: skipped {len(summary.skipped_inputs)} input files that cannot be "
+              f"read (listed in {args.output / '_skipped.json'}):")
         for bad in summary.skipped_inputs:
             print(f"  {bad.file}: {bad.reason}")
     return 0

@@ -160,9 +160,9 @@ def test_ray_workers_give_the_same_rows_bad_lines_included(tmp_path, reference):
 
 def test_weight_memory_streams_experts_with_the_same_rows(tmp_path, reference, demo_path, capsys):
     engine = Engine(demo_path, EngineConfig(max_num_seqs=32))
-    config = engine.model.config
-    per_expert = engine.model.expert_store.nbytes // (len(engine.model.expert_store.layer_ids()) * config.num_experts)
-    minimum = engine.model.dense_weight_bytes + config.num_experts_per_tok * per_expert
+    config = engine.executor.model.config
+    per_expert = engine.executor.model.expert_store.nbytes // (len(engine.executor.model.expert_store.layer_ids()) * config.num_experts)
+    minimum = engine.executor.model.dense_weight_bytes + config.num_experts_per_tok * per_expert
     rows = _write_inputs(tmp_path / "in")
     args = ["run", str(tmp_path / "in"), str(tmp_path / "out"), "--max-tokens", str(MAX_TOKENS), *ENGINE_ARGS]
     assert main(args + ["--weight-memory", f"{minimum - 1}B"]) == 2
@@ -181,3 +181,18 @@ def test_weight_memory_takes_units_and_rejects_ambiguous_ones(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["run", "in", "out", "--weight-memory", "8G"])
     assert "unknown unit 'G'" in capsys.readouterr().err
+
+
+def test_sampling_flags_default_to_the_stages_defaults_and_say_so(capsys):
+    from batchgen_data.jobs.cli import build_parser
+    from batchgen_data.operators.rows import StageConfig
+
+    args = build_parser().parse_args(["run", "in", "out"])
+    stage = StageConfig()
+    names = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
+    assert {n: getattr(args, n) for n in names} == {n: getattr(stage, n) for n in names}
+    assert args.max_tokens == SamplingParams().max_tokens  # vLLM's default, not a copy of it
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert f"most tokens to generate per row (default {SamplingParams().max_tokens})" in help_text
