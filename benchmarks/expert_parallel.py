@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from batchgen_data import Engine, EngineConfig, SamplingParams  # noqa: E402
-from batchgen_data.distributed.rank_worker import peak_rss_bytes  # noqa: E402
+from batchgen_data.engine.executor.rank_resources import peak_rss_bytes  # noqa: E402
 from batchgen_data.model import ModelConfig  # noqa: E402
 from benchmarks.workload import BENCH_MODELS, build_bench_model, make_workload, percentile  # noqa: E402
 

@@ -83,7 +83,7 @@ def child_batchgen(spec: dict) -> dict:
     start = time.perf_counter()
     engine = Engine(spec["folder"], config)
     load_s = time.perf_counter() - start
-    store = engine.model.expert_store
+    store = engine.executor.model.expert_store
     if spec.get("eviction"):
         store.eviction = spec["eviction"]
     if spec.get("prefetch") is False:

@@ -78,7 +78,7 @@ def run_batchgen(folder: Path, workload, args) -> dict:
         "mean_steady_batch": statistics.mean(s["num_sampled"] for s in steady) if steady else 0,
         "mean_tokens_per_expert_call": (stats.mean_tokens_per_expert_call),
         "runtime_overhead": 1.0 - kernel / busy if busy else 0.0,
-        "kv_bytes_per_token": engine.scheduler.kv_bytes_per_token,
+        "kv_bytes_per_token": engine.kv_bytes_per_token,
         "outputs": [o.token_ids for o in outputs],
         "timeline": timeline,
         "engine_timeline": engine.timeline,

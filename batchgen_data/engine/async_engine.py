@@ -14,13 +14,14 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 from batchgen_data.engine.engine import Engine
+from batchgen_data.engine.migration import MovePolicy, pick_to_move
 from batchgen_data.engine.outputs import GenerationOutput
+from batchgen_data.engine.requests import pair_requests
 from batchgen_data.engine.sampling_params import SamplingParams
-from batchgen_data.engine.sequence import Sequence, SequenceState, SequenceStatus
-from batchgen_data.errors import BatchGenError, EngineDeadError
+from batchgen_data.engine.sequence import EXPORTABLE, Sequence, SequenceState, SequenceStatus
+from batchgen_data.errors import EngineDeadError
 
 logger = logging.getLogger(__name__)
 
@@ -30,15 +31,6 @@ class MigratedOut:
     """What a request's caller gets instead of an output when its sequence was moved away."""
 
     state: SequenceState
-
-
-class MovePolicy(Protocol):
-    """Which sequences are worth moving to another engine, and whether their KV travels
-    (``batchgen_data.distributed.migration.MigrationCosts`` is the one the project uses)."""
-
-    def worth_moving(self, seq: Sequence) -> bool: ...
-
-    def send_kv(self, num_tokens: int) -> bool: ...
 
 
 @dataclass(slots=True)
@@ -115,8 +107,9 @@ class AsyncEngine:
         return await self._round_trip(lambda deliver: _Submission(prompt, params, deliver, state, movable))
 
     async def migrate_out(self, max_seqs: int, policy: Callable[[Engine], MovePolicy]) -> int:
-        """MIGRATE out up to ``max_seqs`` movable sequences, the ones with the most tokens left
-        first, among those the policy finds worth moving; each one's caller gets a
+        """MIGRATE out up to ``max_seqs`` movable sequences (``pick_to_move``: unstarted ones
+        first, then those with the most tokens left among those the policy finds worth moving);
+        each one's caller gets a
         ``MigratedOut`` with its state (KV included where the policy says so). ``policy`` is
         built from the engine between two steps, on the engine thread. Returns how many were
         taken out."""
@@ -135,26 +128,15 @@ class AsyncEngine:
         return result
 
     def _export_stragglers(self, max_seqs: int, costs: MovePolicy) -> int:
-        movable = [live for live in self._live.values() if live.movable and live.seq.status in _EXPORTABLE]
-        movable.sort(key=lambda live: -live.seq.num_tokens_left)
-        moved = 0
-        for live in movable[:max_seqs]:
-            if not costs.worth_moving(live.seq):
-                break  # sorted by tokens left: the rest are worth even less
-            state = self.engine.export_sequence(live.seq, with_kv=costs.send_kv(live.seq.num_computed_tokens))
-            del self._live[live.seq.request_id]
-            live.deliver(MigratedOut(state))
-            moved += 1
-        return moved
+        movable = [live.seq for live in self._live.values() if live.movable and live.seq.status in EXPORTABLE]
+        chosen = pick_to_move(movable, max_seqs, costs)
+        for seq in chosen:
+            state = self.engine.export_sequence(seq, with_kv=costs.send_kv(seq.num_computed_tokens))
+            self._live.pop(seq.request_id).deliver(MigratedOut(state))
+        return len(chosen)
 
     async def _submit(self, prompts, sampling_params) -> AsyncIterator[tuple[int, GenerationOutput]]:
-        prompts = list(prompts)
-        if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params = [sampling_params] * len(prompts)
-        else:
-            params = list(sampling_params)
-        if len(params) != len(prompts):
-            raise BatchGenError(f"got {len(params)} sampling params for {len(prompts)} prompts")
+        prompts, params = pair_requests(prompts, sampling_params)
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue = asyncio.Queue()
         self._ensure_running()
@@ -233,9 +215,6 @@ class AsyncEngine:
             self._thread.join(timeout)
         if self._thread is None or not self._thread.is_alive():
             self.engine.close()
-
-
-_EXPORTABLE = (SequenceStatus.WAITING, SequenceStatus.RUNNING, SequenceStatus.SUSPENDED)
 
 
 def _resolver(loop: asyncio.AbstractEventLoop, future: asyncio.Future) -> Callable[[object], None]:

@@ -14,8 +14,10 @@ move costs less than half the decode time the sequence has left.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
-from batchgen_data.engine.sequence import Sequence
+from batchgen_data.engine.sequence import Sequence, SequenceStatus
+from batchgen_data.engine.stats import EngineStats
 
 # KV bytes per second between two actors through Ray's object store (same node, shared memory).
 # Networks between nodes are slower; callers pass their own figure.
@@ -23,6 +25,15 @@ DEFAULT_TRANSFER_BYTES_PER_S = 1e9
 # Fixed cost of one move: a give-back and a lease round trip to the coordinator, and the poll
 # interval of the receiving actor's lease loop.
 DEFAULT_MOVE_LATENCY_S = 0.1
+
+
+class MovePolicy(Protocol):
+    """Which sequences are worth moving to another engine, and whether their KV travels
+    (``MigrationCosts`` is the one the project uses)."""
+
+    def worth_moving(self, seq: Sequence) -> bool: ...
+
+    def send_kv(self, num_tokens: int) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,10 +47,15 @@ class MigrationCosts:
     @classmethod
     def of_engine(cls, engine, transfer_bytes_per_s: float | None = None, latency_s: float | None = None,
                   ) -> MigrationCosts:
-        stats = engine.stats()
+        """From an ``Engine``'s counters so far."""
+        return cls.of_stats(engine.stats(), engine.kv_bytes_per_token, transfer_bytes_per_s, latency_s)
+
+    @classmethod
+    def of_stats(cls, stats: EngineStats, kv_bytes_per_token: int, transfer_bytes_per_s: float | None = None,
+                 latency_s: float | None = None) -> MigrationCosts:
         rate = stats.num_forward_tokens / stats.kernel_s if stats.kernel_s else 1e3
         step = stats.busy_s / stats.num_forwards if stats.num_forwards else 0.0
-        return cls(engine.kv_bytes_per_token, rate, step,
+        return cls(kv_bytes_per_token, rate, step,
                    DEFAULT_TRANSFER_BYTES_PER_S if transfer_bytes_per_s is None else transfer_bytes_per_s,
                    DEFAULT_MOVE_LATENCY_S if latency_s is None else latency_s)
 
@@ -59,3 +75,21 @@ class MigrationCosts:
 
     def worth_moving(self, seq: Sequence) -> bool:
         return self.move_s(seq) < 0.5 * seq.num_tokens_left * self.step_s
+
+
+def pick_to_move(candidates: list[Sequence], max_count: int, policy: MovePolicy) -> list[Sequence]:
+    """Up to ``max_count`` of ``candidates`` to MIGRATE out: unstarted ones first (nothing to
+    move but tokens), then running or suspended ones with the most tokens left among those the
+    policy finds worth moving. Used across actors and across expert-parallel ranks alike."""
+    if max_count <= 0:
+        return []
+    unstarted = [s for s in candidates if s.status is SequenceStatus.WAITING]
+    started = sorted((s for s in candidates if s.status in (SequenceStatus.RUNNING, SequenceStatus.SUSPENDED)),
+                     key=lambda s: -s.num_tokens_left)
+    chosen = unstarted[:max_count]
+    for seq in started:
+        if len(chosen) == max_count:
+            break
+        if policy.worth_moving(seq):
+            chosen.append(seq)
+    return chosen

@@ -20,16 +20,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from batchgen_data.engine.sampler import SamplingBatch, sample
+from batchgen_data.engine.runner_output import ModelRunnerOutput
+from batchgen_data.engine.sampler import Sampler, SamplingBatch
 from batchgen_data.engine.scheduler import SchedulerOutput
 from batchgen_data.engine.sequence import Sequence
 from batchgen_data.model import MoEModel
-from batchgen_data.model.attention.metadata import (
-    AttentionBatch,
-    AttentionMetadata,
-    build_attention_metadata,
-)
+from batchgen_data.model.attention.metadata import AttentionMetadata, build_attention_metadata
 from batchgen_data.model.kv_cache import KVCache
+from batchgen_data.model.model import ForwardTrace
 
 # Largest padded/real attention area accepted when grouping prefill chunks into a micro-batch.
 _MAX_PADDING = 1.5
@@ -68,29 +66,30 @@ class RunnerStats:
 
 
 class ModelRunner:
-    def __init__(self, model: MoEModel, kv_cache: KVCache, attention_batch_size: int):
+    """Runs the forward the scheduler asked for and returns what it produced; it reads
+    sequences but never writes them (the scheduler applies the ``ModelRunnerOutput``)."""
+
+    def __init__(self, model: MoEModel, kv_cache: KVCache, attention_batch_size: int,
+                 sampler: Sampler | None = None):
         self.model = model
         self.kv = kv_cache
         self.attention_batch_size = attention_batch_size
         self.block_size = kv_cache.block_size
+        self.sampler = sampler or Sampler()
         self.stats = RunnerStats()
 
-    def execute(self, out: SchedulerOutput) -> list[int]:
-        """Run the forward and return one sampled token per sampling sequence, in batch order."""
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        """Run the forward; one sampled token per sampling sequence, in batch order."""
         self.stats.last_module_s.update(attention=0.0, moe=0.0, logits=0.0)
         self.stats.last_work = work = StepWork()
-        for seq, block_ids in out.swap_out:
-            seq.host_kv = self.kv.read_tokens(block_ids, seq.num_computed_tokens)
-        for seq in out.swap_in:
-            self.kv.write_tokens(seq.block_ids, seq.host_kv)
-            seq.host_kv = None
+        result = ModelRunnerOutput(host_kv=self._swap(out))
         if not out.seqs:
             if self.model.is_expert_parallel:
                 self.model.idle_forward()  # lockstep: the other ranks' all-to-alls wait for this one
                 self.stats.num_idle_forwards += 1
-            return []
+            return result
         device = self.model.device
-        input_ids, micro_batches, sample_rows = [], [], []
+        input_ids, metas, sample_rows = [], [], []
         for group in self._micro_batches(out):
             seqs = [out.seqs[i] for i in group]
             qlens = [out.query_lens[i] for i in group]
@@ -101,25 +100,47 @@ class ModelRunner:
             ctx = [s.num_computed_tokens + q for s, q in zip(seqs, qlens)]
             work.context_tokens += sum(ctx)
             work.attended_keys += sum(q * (c - q) + q * (q + 1) // 2 for q, c in zip(qlens, ctx))
-            meta = build_attention_metadata(qlens, ctx, [s.block_ids for s in seqs], self.block_size, device)
-            micro_batches.append((sum(qlens), meta))
-        self._attach_gather_buffers([meta for _, meta in micro_batches])
+            metas.append(build_attention_metadata(qlens, ctx, [s.block_ids for s in seqs], self.block_size, device))
+        self._attach_gather_buffers(metas)
         last_rows = [row for _, row in sorted(sample_rows)]  # back in batch order
         ids = torch.tensor(input_ids, dtype=torch.long, device=device)
         t0 = time.perf_counter()
-        hidden = self._forward(ids, micro_batches)
+        trace = ForwardTrace()
+        hidden = self.model.forward(ids, metas, self.kv, trace)
+        self._record(trace)
         t_logits = time.perf_counter()
-        tokens: list[int] = []
         if last_rows:
-            logits = self.model.compute_logits(hidden[torch.tensor(last_rows, device=device)])
+            logits = self.model.compute_logits(hidden[torch.tensor(last_rows, device=device)])  # [N, V]
             sampling = [s for s, smp in zip(out.seqs, out.samples) if smp]
-            tokens = sample(logits, _sampling_batch(sampling)).tolist()
+            result.req_ids = [s.request_id for s in sampling]
+            result.sampled_token_ids = self.sampler(logits, _sampling_batch(sampling, device)).tolist()
         t_end = time.perf_counter()
         self.stats.last_module_s["logits"] = t_end - t_logits
         self.stats.kernel_s += t_end - t0
         self.stats.num_forwards += 1
         self.stats.num_tokens += len(input_ids)
-        return tokens
+        return result
+
+    def read_kv(self, seq: Sequence) -> torch.Tensor:
+        """A running sequence's computed KV, out of its pages (MIGRATE with KV)."""
+        return self.kv.read_tokens(seq.block_ids, seq.num_computed_tokens)
+
+    def _swap(self, out: SchedulerOutput) -> dict[int, torch.Tensor]:
+        """Read the KV of sequences swapped out (before their pages are reused in this forward),
+        restore the KV of sequences swapped in; returns the KV read that stays on host."""
+        saved = {seq.request_id: self.kv.read_tokens(block_ids, seq.num_computed_tokens)
+                 for seq, block_ids in out.swap_out}
+        for seq, kv in out.swap_in:
+            self.kv.write_tokens(seq.block_ids, saved.pop(seq.request_id) if kv is None else kv)
+        return saved
+
+    def _record(self, trace: ForwardTrace) -> None:
+        self.stats.last_module_s.update(attention=trace.attention_s, moe=trace.moe_s)
+        self.stats.last_work.expert_calls = trace.expert_calls
+        self.stats.expert_calls += trace.expert_calls
+        self.stats.expert_tokens += trace.expert_tokens
+        calls = trace.expert_calls
+        self.stats.last_tokens_per_expert_call = trace.expert_tokens / calls if calls else 0.0
 
     def _attach_gather_buffers(self, metas: list[AttentionMetadata]) -> None:
         """Point every micro-batch at the reused page-gather buffers (micro-batches run in turn)."""
@@ -157,35 +178,13 @@ class ModelRunner:
             groups.append(group)
         return groups
 
-    def _forward(self, ids: torch.Tensor, micro_batches: list[tuple[int, AttentionMetadata]]) -> torch.Tensor:
-        model = self.model
-        h = model.embed(ids)  # [T, H]
-        batch = AttentionBatch.combine([meta for _, meta in micro_batches], model.rotary, model.dtype)
-        calls = tokens = 0
-        attention_s = moe_s = 0.0
-        for layer_id, layer in enumerate(model.layers):
-            t0 = time.perf_counter()
-            h = layer.attention_block(h, batch, self.kv.layers[layer_id])
-            t1 = time.perf_counter()
-            h, counts = layer.ffn_block(h)
-            t2 = time.perf_counter()
-            attention_s, moe_s = attention_s + t1 - t0, moe_s + t2 - t1
-            if counts is not None:
-                calls += int((counts > 0).sum())
-                tokens += int(counts.sum())
-        self.stats.last_module_s.update(attention=attention_s, moe=moe_s)
-        self.stats.last_work.expert_calls = calls
-        self.stats.expert_calls += calls
-        self.stats.expert_tokens += tokens
-        self.stats.last_tokens_per_expert_call = tokens / calls if calls else 0.0
-        return h
 
-
-def _sampling_batch(seqs: list[Sequence]) -> SamplingBatch:
-    return SamplingBatch(
+def _sampling_batch(seqs: list[Sequence], device: torch.device) -> SamplingBatch:
+    return SamplingBatch.build(
         temperatures=[s.params.temperature for s in seqs],
         top_ps=[s.params.top_p for s in seqs],
         top_ks=[s.params.top_k for s in seqs],
         seeds=[s.seed for s in seqs],
         steps=[s.num_generated for s in seqs],
+        device=device,
     )

@@ -27,7 +27,8 @@ import torch
 
 from batchgen_data.model import MoEModel
 from batchgen_data.model.layers import linear
-from batchgen_data.model.moe.streamed_store import StreamedExpertStore, StreamStats
+from batchgen_data.model.moe.store import StreamedStore
+from batchgen_data.model.moe.stream_stats import StreamStats
 
 _PLAN_TOLERANCE = 0.02  # run fewer sequences only if that keeps this share of the best throughput
 _GEMM_ROWS = (1, 4, 16, 64, 256)  # row counts the expert GEMM rate is measured at (flat beyond)
@@ -89,7 +90,7 @@ def plan_running_set(model: StepCostModel, max_seqs: int) -> OffloadPlan:
     return OffloadPlan(chosen, model.fetch_bytes_per_s, model.tokens_per_s(chosen), fetch / max(compute, fetch))
 
 
-def plan_offload(model: MoEModel, store: StreamedExpertStore, max_seqs: int) -> OffloadPlan:
+def plan_offload(model: MoEModel, store: StreamedStore, max_seqs: int) -> OffloadPlan:
     """Measure the fetch rate (filling the pool) and the expert GEMM rates, and plan the running
     set for ``model`` with its streamed ``store`` (at most ``max_seqs`` sequences)."""
     config = model.config
@@ -106,7 +107,7 @@ def plan_offload(model: MoEModel, store: StreamedExpertStore, max_seqs: int) -> 
     return plan_running_set(cost, max_seqs)
 
 
-def measure_expert_gemm_rates(store: StreamedExpertStore, max_rows: int) -> dict[int, float]:
+def measure_expert_gemm_rates(store: StreamedStore, max_rows: int) -> dict[int, float]:
     """FLOP/s of one expert (gate/up and down GEMMs through ``linear``) by row count, cycling
     over the pool's slots so the weights come from memory as in a step, not from a warm cache."""
     pool = store.pool
@@ -154,7 +155,7 @@ class OffloadStats:
         return max(0.0, 1.0 - self.fetch_wait_s / self.fetch_s) if self.fetch_s else 1.0
 
     @classmethod
-    def of(cls, model: MoEModel, store: StreamedExpertStore, plan: OffloadPlan) -> OffloadStats:
+    def of(cls, model: MoEModel, store: StreamedStore, plan: OffloadPlan) -> OffloadStats:
         s = store.stats
         num_experts_total = len(store.layer_ids()) * store.num_experts
         return cls(model.dense_weight_bytes, store.nbytes, store.capacity, num_experts_total * store.bytes_per_expert,

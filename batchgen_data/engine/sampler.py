@@ -12,6 +12,7 @@ tokens even when a different thread count or batch shape changes the logits by 1
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -23,19 +24,72 @@ _MIX2 = np.uint64(0x94D049BB133111EB)
 
 @dataclass(slots=True)
 class SamplingBatch:
-    """Per-row sampling parameters for the N rows of a logits matrix."""
+    """Per-row sampling parameters for the N rows of a logits matrix, as tensors.
 
-    temperatures: list[float]
-    top_ps: list[float]
-    top_ks: list[int]
-    seeds: list[int]
-    steps: list[int]  # tokens generated so far by each row's sequence
+    ``temperatures``, ``top_ps`` and ``top_ks`` live on the logits' device; ``seeds`` and
+    ``steps`` stay on the host (the noise is drawn there, row by row). The flags are computed
+    once when the batch is built so the sampler branches without reading tensors back.
+    """
+
+    temperatures: torch.Tensor  # [N] fp32; 0 = greedy
+    top_ps: torch.Tensor  # [N] fp32 in (0, 1]
+    top_ks: torch.Tensor  # [N] int64; <= 0 = off
+    seeds: torch.Tensor  # [N] int64, host
+    steps: torch.Tensor  # [N] int64, host: tokens generated so far by each row's sequence
+    all_greedy: bool = False
+    any_top_k: bool = False
+    any_top_p: bool = False
+
+    @classmethod
+    def build(cls, temperatures: list[float], top_ps: list[float], top_ks: list[int], seeds: list[int],
+              steps: list[int], device: torch.device | str = "cpu") -> SamplingBatch:
+        """From per-row Python values (one list per parameter, N each)."""
+        return cls(
+            temperatures=torch.tensor(temperatures, dtype=torch.float32, device=device),
+            top_ps=torch.tensor(top_ps, dtype=torch.float32, device=device),
+            top_ks=torch.tensor(top_ks, dtype=torch.int64, device=device),
+            seeds=torch.tensor([_wrap_int64(s) for s in seeds], dtype=torch.int64),
+            steps=torch.tensor(steps, dtype=torch.int64),
+            all_greedy=all(t == 0.0 for t in temperatures),
+            any_top_k=any(k > 0 for k, t in zip(top_ks, temperatures) if t > 0.0),
+            any_top_p=any(p < 1.0 for p, t in zip(top_ps, temperatures) if t > 0.0),
+        )
+
+    def __len__(self) -> int:
+        return len(self.seeds)
 
 
-def counter_uniform(seeds: list[int], steps: list[int]) -> np.ndarray:
-    """SplitMix64 of (seed, step) -> float64 uniforms in [0, 1)."""
+class LogitsProcessor(Protocol):
+    """A step on the logits before sampling: a grammar's mask (returns masked logits) or a
+    capture of what the model gave (returns them unchanged). It may modify ``logits`` in place."""
+
+    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor: ...
+
+
+class Sampler:
+    """``logits -> token ids``: the logits processors in order, then ``sample``.
+
+    Example:
+        >>> import torch
+        >>> batch = SamplingBatch.build([0.0], [1.0], [0], [7], [0])
+        >>> Sampler()(torch.tensor([[0.1, 2.0, 0.3]]), batch).tolist()
+        [1]
+    """
+
+    def __init__(self, processors: tuple[LogitsProcessor, ...] = ()):
+        self.processors = processors
+
+    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        for process in self.processors:
+            logits = process(logits, batch)
+        return sample(logits, batch)
+
+
+def counter_uniform(seeds, steps) -> np.ndarray:
+    """SplitMix64 of (seed, step) -> float64 uniforms in [0, 1) (lists, arrays or host tensors)."""
     with np.errstate(over="ignore"):
-        x = np.asarray(seeds, dtype=np.uint64) * _GOLDEN + np.asarray(steps, dtype=np.uint64) * _MIX1
+        x = np.asarray(seeds, dtype=np.int64).astype(np.uint64) * _GOLDEN
+        x += np.asarray(steps, dtype=np.int64).astype(np.uint64) * _MIX1
         x ^= x >> np.uint64(30)
         x *= _MIX1
         x ^= x >> np.uint64(27)
@@ -47,21 +101,17 @@ def counter_uniform(seeds: list[int], steps: list[int]) -> np.ndarray:
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """logits: [N, V] fp32 -> token ids [N] (int64, same device)."""
     tokens = first_argmax(logits)  # greedy for every row; sampled rows overwritten below
-    rows = [i for i, t in enumerate(batch.temperatures) if t > 0.0]
-    if not rows:
+    if batch.all_greedy:
         return tokens
-    device = logits.device
-    idx = torch.tensor(rows, device=device)
-    temps = torch.tensor([batch.temperatures[i] for i in rows], device=device, dtype=torch.float32)
-    scaled = logits[idx] / temps[:, None]  # [n, V]
-    top_ks = [batch.top_ks[i] for i in rows]
-    if any(k > 0 for k in top_ks):
-        scaled = _apply_top_k(scaled, top_ks)
-    top_ps = [batch.top_ps[i] for i in rows]
-    if any(p < 1.0 for p in top_ps):
-        scaled = _apply_top_p(scaled, top_ps)
-    gumbel = _gumbel_noise([batch.seeds[i] for i in rows], [batch.steps[i] for i in rows], scaled.shape[1])
-    tokens[idx] = first_argmax(scaled + gumbel.to(device))
+    idx = (batch.temperatures > 0.0).nonzero().squeeze(1)  # [n] rows that sample
+    scaled = logits[idx] / batch.temperatures[idx, None]  # [n, V]
+    if batch.any_top_k:
+        scaled = _apply_top_k(scaled, batch.top_ks[idx])
+    if batch.any_top_p:
+        scaled = _apply_top_p(scaled, batch.top_ps[idx])
+    host_idx = idx.cpu()
+    gumbel = _gumbel_noise(batch.seeds[host_idx], batch.steps[host_idx], scaled.shape[1])
+    tokens[idx] = first_argmax(scaled + gumbel.to(logits.device))
     return tokens
 
 
@@ -75,29 +125,35 @@ def first_argmax(x: torch.Tensor) -> torch.Tensor:
     return x.max(dim=-1).indices
 
 
-def _gumbel_noise(seeds: list[int], steps: list[int], vocab: int) -> torch.Tensor:
+def _wrap_int64(seed: int) -> int:
+    """A seed's low 64 bits as a signed int64 (the noise reads them back as uint64)."""
+    return (seed + 2**63) % 2**64 - 2**63
+
+
+def _gumbel_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
     """[n, V] Gumbel(0, 1) noise; row i depends only on (seeds[i], steps[i])."""
-    keys = (counter_uniform(seeds, steps) * 2.0**53).astype(np.int64)  # 53-bit per-row seeds
-    uniform = torch.empty(len(seeds), vocab)
+    keys = (counter_uniform(seeds.numpy(), steps.numpy()) * 2.0**53).astype(np.int64)  # 53-bit row seeds
+    uniform = torch.empty(len(keys), vocab)
     for row, key in enumerate(keys.tolist()):
         uniform[row].uniform_(generator=torch.Generator().manual_seed(key))
     return -torch.log(-torch.log(uniform.clamp_(min=1e-12, max=1.0 - 1e-7)))
 
 
-def _apply_top_k(scaled: torch.Tensor, top_ks: list[int]) -> torch.Tensor:
+def _apply_top_k(scaled: torch.Tensor, top_ks: torch.Tensor) -> torch.Tensor:
+    """top_ks: [n] int64 (<= 0 or >= V: keep all)."""
     vocab = scaled.shape[1]
-    ks = torch.tensor([k if 0 < k < vocab else vocab for k in top_ks], device=scaled.device)
+    ks = torch.where((top_ks > 0) & (top_ks < vocab), top_ks, vocab)  # [n]
     k_max = int(ks.max())
     values = scaled.topk(k_max, dim=-1).values  # [n, k_max]
     threshold = values.gather(1, (ks - 1)[:, None])  # [n, 1]
     return scaled.masked_fill(scaled < threshold, float("-inf"))
 
 
-def _apply_top_p(scaled: torch.Tensor, top_ps: list[float]) -> torch.Tensor:
-    ps = torch.tensor(top_ps, device=scaled.device, dtype=torch.float32)[:, None]
+def _apply_top_p(scaled: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
+    """top_ps: [n] fp32."""
     sorted_logits, order = scaled.sort(dim=-1, descending=True)
     sorted_probs = torch.softmax(sorted_logits, dim=-1)
     mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # [n, V]
-    remove_sorted = mass_before >= ps  # keeps the smallest prefix reaching p (at least one token)
+    remove_sorted = mass_before >= top_ps[:, None]  # keeps the smallest prefix reaching p (at least one token)
     remove = torch.zeros_like(remove_sorted).scatter_(1, order, remove_sorted)
     return scaled.masked_fill(remove, float("-inf"))

@@ -11,8 +11,14 @@ NOTE: one step of ``schedule()``:
      page of headroom per running sequence) and the set is below max_num_seqs.
   3. Emit. The running sequences with work this step, in order, and their query lengths, are
      COMBINED into one forward (the model runner splits attention into micro-batches).
-``update()`` then appends sampled tokens, applies the stop rules and frees finished sequences.
+``update()`` then applies the runner's ``ModelRunnerOutput``: keeps swapped-out KV, appends
+sampled tokens, applies the stop rules and frees finished sequences.
 Per-sequence Python work here is O(1) per step; page work happens once per page of tokens.
+
+The scheduler is the only writer of its state: its queues, the sequences' statuses, block ids
+and host KV, and the host-byte counter change only through its methods (``add``,
+``schedule``, ``update``, ``export``, ``import_state``, ``abort``); every status change goes
+through ``Sequence.transition``.
 """
 
 from __future__ import annotations
@@ -20,21 +26,27 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from batchgen_data.config import EngineConfig
 from batchgen_data.engine.block_manager import BlockManager
-from batchgen_data.engine.sequence import Sequence, SequenceStatus
+from batchgen_data.engine.runner_output import ModelRunnerOutput
+from batchgen_data.engine.sequence import Sequence, SequenceState, SequenceStatus
 
 
 @dataclass(slots=True)
 class SchedulerOutput:
-    """One forward's work, in batch order. Lists only, so it can cross process boundaries."""
+    """One forward's work, in batch order: plain lists of sequences and ints (and, for swap-in,
+    the host KV to restore)."""
 
     seqs: list[Sequence]
     query_lens: list[int]
     samples: list[bool]  # the sequence's pending tokens all run now: sample its next token
-    swap_out: list[tuple[Sequence, list[int]]] = field(default_factory=list)  # save KV first
-    swap_in: list[Sequence] = field(default_factory=list)  # then restore host KV into new pages
+    # Save these pages' KV to host first (the runner returns it in ``ModelRunnerOutput.host_kv``)...
+    swap_out: list[tuple[Sequence, list[int]]] = field(default_factory=list)
+    # ...then restore host KV into the sequences' new pages. ``None``: the sequence was swapped
+    # out earlier in this same step; its KV is what the runner just read.
+    swap_in: list[tuple[Sequence, Any]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -82,6 +94,15 @@ class Scheduler:
     @property
     def num_unfinished(self) -> int:
         return len(self.waiting) + len(self.suspended) + len(self.running)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_queued(self) -> int:
+        """Waiting or suspended."""
+        return len(self.waiting) + len(self.suspended)
 
     # -- schedule -------------------------------------------------------------------------------
 
@@ -140,7 +161,7 @@ class Scheduler:
         self._free_pages(seq)
         self.suspended.append(seq)
 
-    def _refill(self) -> list[Sequence]:
+    def _refill(self) -> list[tuple[Sequence, Any]]:
         """Resume suspended sequences, then admit waiting ones, while their pages fit."""
         target = self.config.max_num_seqs
         # Waiting work that all fits starts now: holding a free slot empty for a threshold would
@@ -150,7 +171,7 @@ class Scheduler:
         all_fit = not self.suspended and len(self.waiting) <= target - len(self.running)
         if self.running and len(self.running) >= self.config.refill_threshold * target and not all_fit:
             return []
-        swap_in: list[Sequence] = []
+        swap_in: list[tuple[Sequence, Any]] = []
         # Resume in the policy's order: the sequences that would be kept running come back first.
         self.suspended.sort(
             key=(lambda s: -s.num_generated)
@@ -163,7 +184,8 @@ class Scheduler:
                 return swap_in
             self.suspended.pop(0)
             if seq.num_computed_tokens:
-                swap_in.append(seq)
+                swap_in.append((seq, seq.host_kv))
+                seq.host_kv = None
                 self.host_bytes_used -= seq.num_computed_tokens * self.kv_bytes_per_token
                 self.stats.num_resumed_swap += 1
             else:
@@ -189,10 +211,14 @@ class Scheduler:
 
     # -- update ---------------------------------------------------------------------------------
 
-    def update(self, out: SchedulerOutput, sampled: list[int], now_s: float) -> list[Sequence]:
+    def update(self, out: SchedulerOutput, result: ModelRunnerOutput, now_s: float) -> list[Sequence]:
         """Apply one forward's results; return the sequences that finished."""
+        for seq, _ in out.swap_out:
+            kv = result.host_kv.get(seq.request_id)
+            if kv is not None:  # not swapped back in within the same step
+                seq.host_kv = kv
         finished = []
-        it = iter(sampled)
+        it = iter(result.sampled_token_ids)
         for seq, qlen, samples in zip(out.seqs, out.query_lens, out.samples):
             seq.num_computed_tokens += qlen
             if not samples:
@@ -239,18 +265,54 @@ class Scheduler:
         self.blocks.free(seq.block_ids)
         seq.block_ids = []
 
-    def release(self, seq: Sequence) -> None:
-        """Take a running sequence out of the running set and free its pages (MIGRATE out)."""
-        self.running.remove(seq)
-        self._free_pages(seq)
-        seq.num_computed_tokens = 0
+    def _take_out(self, seq: Sequence) -> None:
+        """Remove a queued or running sequence from its queue, freeing its pages and host KV."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+            self._free_pages(seq)
+        elif seq.status is SequenceStatus.SUSPENDED:
+            self.suspended.remove(seq)
+            if seq.host_kv is not None:
+                self.host_bytes_used -= seq.num_computed_tokens * self.kv_bytes_per_token
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        else:
+            raise RuntimeError(f"sequence {seq.request_id} is {seq.status.name}: not in a queue")
+
+    def export(self, seq: Sequence, with_kv: bool = False, kv: Any = None) -> SequenceState:
+        """MIGRATE out: take a waiting, running or suspended sequence out of this scheduler and
+        return its portable state. ``kv`` is a running sequence's KV read out of its pages
+        (the caller's: reading pages needs the KV cache); a suspended one's host KV goes with it
+        when ``with_kv``."""
+        if seq.status is SequenceStatus.SUSPENDED and with_kv:
+            kv = seq.host_kv
+        self._take_out(seq)
+        seq.transition(SequenceStatus.EXPORTED)
+        seq.host_kv = None
+        return seq.export_state(kv if with_kv else None)
+
+    def import_state(self, state: SequenceState, request_id: int, now_s: float) -> Sequence:
+        """MIGRATE in: continue a sequence exported by another engine, as request ``request_id``.
+
+        One that has generated nothing waits like a new request; one mid-generation resumes like
+        a suspended one, through the swap-in path when ``state.kv`` holds its KV (it counts in
+        the host pool until restored), else by recompute.
+        """
+        seq = Sequence(request_id, list(state.prompt_token_ids), state.params, state.seed, arrival_s=now_s)
+        seq.output_token_ids = list(state.output_token_ids)
+        if not seq.output_token_ids:
+            self.add(seq)
+            return seq
+        seq.transition(SequenceStatus.SUSPENDED)
+        kv_tokens = 0 if state.kv is None else int(state.kv.shape[0])
+        if 0 < kv_tokens < seq.num_tokens:
+            seq.host_kv = state.kv
+            seq.num_computed_tokens = kv_tokens
+            self.host_bytes_used += kv_tokens * self.kv_bytes_per_token
+        self.suspended.append(seq)
+        return seq
 
     def abort(self, seq: Sequence, reason: str, now_s: float) -> None:
         """Finish a queued or running sequence with an error, freeing what it holds."""
-        for pool in (self.running, self.suspended):
-            if seq in pool:
-                pool.remove(seq)
-        if seq in self.waiting:
-            self.waiting.remove(seq)
-        self._free_pages(seq)
+        self._take_out(seq)
         seq.finish("error", now_s, error=reason)

@@ -26,10 +26,18 @@ class SequenceStatus(enum.Enum):
     EXPORTED = "exported"  # migrated out of this engine (its state lives elsewhere now)
 
 
-# The lifecycle, as data. Every status change goes through ``Sequence.transition``.
+# The lifecycle, as data. Every status change goes through ``Sequence.transition``, and only
+# the scheduler (or, for a sequence that never reached one, the engine) makes it:
+#   WAITING -> RUNNING      admitted into the running set
+#   WAITING -> SUSPENDED    imported mid-generation (MIGRATE in): it resumes like a suspended one
+#   RUNNING -> SUSPENDED    yielded to host when KV pages ran out
+#   SUSPENDED -> RUNNING    resumed by swap-in or recompute
+#   * -> FINISHED           stop, length, or error (an invalid request, an abort)
+#   * -> EXPORTED           MIGRATE out (it continues in another engine)
 TRANSITIONS: dict[SequenceStatus, frozenset[SequenceStatus]] = {
     SequenceStatus.WAITING: frozenset(
-        {SequenceStatus.RUNNING, SequenceStatus.FINISHED, SequenceStatus.EXPORTED}
+        {SequenceStatus.RUNNING, SequenceStatus.SUSPENDED, SequenceStatus.FINISHED,
+         SequenceStatus.EXPORTED}
     ),
     SequenceStatus.RUNNING: frozenset(
         {SequenceStatus.SUSPENDED, SequenceStatus.FINISHED, SequenceStatus.EXPORTED}
@@ -40,6 +48,8 @@ TRANSITIONS: dict[SequenceStatus, frozenset[SequenceStatus]] = {
     SequenceStatus.FINISHED: frozenset(),
     SequenceStatus.EXPORTED: frozenset(),
 }
+# The statuses a MIGRATE can take a sequence out of (between steps).
+EXPORTABLE = frozenset(s for s, targets in TRANSITIONS.items() if SequenceStatus.EXPORTED in targets)
 
 
 @dataclass(slots=True)
@@ -68,7 +78,7 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     block_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
-    host_kv: torch.Tensor | None = None  # KV saved while SUSPENDED by swapping
+    host_kv: torch.Tensor | None = None  # KV saved while SUSPENDED by swapping (the scheduler's)
     finish_reason: str | None = None
     error: str | None = None
     stop_text_len: int | None = None  # where a stop string cut the text

@@ -20,8 +20,13 @@ class RankStats:
     expert_comm_s: float  # of which in the all-to-alls and the counts exchange
     expert_weight_bytes: int  # its own experts only
     peak_rss_bytes: int
+    kernel_s: float = 0.0  # of its busy time, inside model modules and the sampler
     num_suspended: int = 0
+    num_resumed_swap: int = 0
+    num_resumed_recompute: int = 0
     num_recomputed_tokens: int = 0
+    expert_calls: int = 0  # (layer, expert) GEMM pairs its experts ran
+    expert_tokens: int = 0  # routed token rows over those calls
     num_migrated_in: int = 0
     num_migrated_out: int = 0
 

@@ -14,7 +14,7 @@ import torch
 from tiny_checkpoints import ARCHITECTURES, hf_greedy_continuations
 
 from batchgen_data import ConfigError, Engine, EngineConfig, EngineDeadError, SamplingParams
-from batchgen_data.distributed.expert_parallel import split_comm_time
+from batchgen_data.engine.executor.comm_time import split_comm_time
 from batchgen_data.model import ModelConfig, MoEModel
 from batchgen_data.model.kv_cache import KVCache
 
@@ -114,14 +114,14 @@ def test_ranks_bind_to_their_own_cpus_and_report_wait_and_exchange(tiny_checkpoi
     cpus = sorted(os.sched_getaffinity(0))
     engine = Engine(folder, EngineConfig(expert_parallel_size=2, block_size=8, collect_timeline=True))
     try:
-        bound = [os.sched_getaffinity(pid) for pid in engine.group.pids]
+        bound = [os.sched_getaffinity(pid) for pid in engine.executor.group.pids]
         engine.generate([PROMPTS[2]], _greedy())
         timeline = list(engine.timeline)
     finally:
         engine.close()
     unbound = Engine(folder, EngineConfig(expert_parallel_size=2, block_size=8, bind_rank_cpus=False))
     try:
-        free = [os.sched_getaffinity(pid) for pid in unbound.group.pids]
+        free = [os.sched_getaffinity(pid) for pid in unbound.executor.group.pids]
     finally:
         unbound.close()
     assert bound == [{cpus[0]}, {cpus[1]}]
@@ -158,8 +158,8 @@ def test_each_rank_loads_only_its_experts(tiny_checkpoint):
     full = MoEModel.from_pretrained(folder).expert_store.nbytes
     engine = Engine(folder, EngineConfig(expert_parallel_size=2, block_size=8))
     try:
-        owned = [ready.owned_experts for ready in engine.group.ready]
-        held = [ready.expert_weight_bytes for ready in engine.group.ready]
+        owned = [ready.owned_experts for ready in engine.executor.group.ready]
+        held = [ready.expert_weight_bytes for ready in engine.executor.group.ready]
     finally:
         engine.close()
     assert owned == [tuple(range(0, config.num_experts // 2)), tuple(range(config.num_experts // 2, config.num_experts))]
@@ -189,7 +189,7 @@ def test_expert_count_not_divisible_by_ranks_is_a_config_error(tiny_checkpoint):
 def test_sigkill_of_a_rank_fails_every_waiter_and_leaves_no_rank(tiny_checkpoint):
     folder, _ = tiny_checkpoint("mixtral")
     engine = Engine(folder, EngineConfig(expert_parallel_size=2, block_size=8, max_num_seqs=2, rank_timeout_s=20))
-    pids = engine.group.pids
+    pids = engine.executor.group.pids
     outcome: dict = {}
 
     def run() -> None:
@@ -229,7 +229,7 @@ def test_ranks_exit_when_their_driver_is_killed(tiny_checkpoint, tmp_path):
     code = (
         "import sys, time; from batchgen_data import Engine, EngineConfig;"
         f"e = Engine({str(folder)!r}, EngineConfig(expert_parallel_size=2, block_size=8));"
-        "print(*e.group.pids, flush=True); time.sleep(600)"
+        "print(*e.executor.group.pids, flush=True); time.sleep(600)"
     )
     driver = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     pids: list[int] = []
@@ -252,7 +252,7 @@ def test_ranks_exit_when_their_driver_is_killed(tiny_checkpoint, tmp_path):
 def test_close_stops_every_rank(tiny_checkpoint):
     folder, _ = tiny_checkpoint("mixtral")
     with Engine(folder, EngineConfig(expert_parallel_size=2, block_size=8)) as engine:
-        pids = engine.group.pids
+        pids = engine.executor.group.pids
         assert all(_alive(pid) for pid in pids)
     assert not any(_alive(pid) for pid in pids)
     assert torch.get_num_threads() >= 1

@@ -81,7 +81,7 @@ def test_greedy_matches_transformers_under_memory_pressure(reference, swap_space
         assert stats.num_resumed_swap > 0
     else:
         assert stats.num_resumed_recompute > 0 and stats.num_recomputed_tokens > 0
-    assert engine.blocks.num_free == engine.blocks.num_blocks  # everything given back
+    assert engine.executor.blocks.num_free == engine.executor.blocks.num_blocks  # everything given back
 
 
 def test_seeded_sampling_is_independent_of_batch_composition(reference):
@@ -158,7 +158,7 @@ def test_eos_stops_unless_ignored(reference):
     engine = Engine(folder, EngineConfig(block_size=8))
     # Make token 2 (eos) win by reading the model's own greedy choice and declaring it eos.
     first = engine.generate([prompts[1]], SamplingParams(max_tokens=1, temperature=0))[0].token_ids[0]
-    engine.scheduler.eos_token_ids = frozenset({first})
+    engine.executor.scheduler.eos_token_ids = frozenset({first})
     assert engine.generate([prompts[1]], SamplingParams(max_tokens=5, temperature=0))[0].finish_reason == "stop"
     out = engine.generate([prompts[1]], SamplingParams(max_tokens=5, temperature=0, ignore_eos=True))[0]
     assert out.finish_reason == "length" and out.num_generated_tokens == 5
@@ -210,7 +210,7 @@ def test_suspended_sequence_migrates_mid_generation(reference):
     moved = []
     while source.has_unfinished_requests() and not moved:
         source.step()
-        moved = [s for s in source.scheduler.suspended if s.output_token_ids]
+        moved = [s for s in source.executor.scheduler.suspended if s.output_token_ids]
     assert moved, "memory pressure should suspend a sequence that has generated tokens"
     target = Engine(folder, EngineConfig(block_size=8))
     pairs = [(s, target.import_sequence(source.export_sequence(s))) for s in moved]
@@ -239,9 +239,9 @@ def test_running_sequence_migrates_mid_generation(reference, with_kv):
         source.step()
     moved = [s for s in seqs if s.status.name == "RUNNING" and s.output_token_ids][:3]
     assert len(moved) == 3
-    used = source.blocks.num_used
+    used = source.executor.blocks.num_used
     states = [source.export_sequence(s, with_kv=with_kv) for s in moved]
-    assert source.blocks.num_used < used  # the moved sequences' pages are free again
+    assert source.executor.blocks.num_used < used  # the moved sequences' pages are free again
     assert all((st.kv is not None) == with_kv for st in states)
     target = Engine(folder, EngineConfig(block_size=8))
     imported = [target.import_sequence(st) for st in states]
@@ -255,7 +255,7 @@ def test_running_sequence_migrates_mid_generation(reference, with_kv):
     for s in seqs:
         if s not in moved:
             assert done[(False, s.request_id)] == refs[prompts.index(s.prompt_token_ids)]
-    recomputed = target.scheduler.stats.num_recomputed_tokens
+    recomputed = target.executor.scheduler.stats.num_recomputed_tokens
     assert (recomputed == 0) == with_kv  # shipped KV is restored, not rebuilt
 
 
@@ -263,7 +263,7 @@ def test_async_migrate_out_hands_stragglers_to_another_engine(reference):
     import asyncio
     from functools import partial
 
-    from batchgen_data.distributed.migration import MigrationCosts
+    from batchgen_data.engine.migration import MigrationCosts
     from batchgen_data.engine.async_engine import AsyncEngine, MigratedOut
 
     folder, prompts, _, refs = reference
@@ -316,3 +316,22 @@ def test_async_callers_share_one_engine(reference):
     assert [o.token_ids for o in a + b] == [r[:m] for r, m in zip(refs, max_tokens)]
     # Both callers' requests ran in the same forwards at some point.
     assert max(step["num_running"] for step in aengine.engine.timeline) > len(prompts) // 2
+
+
+def test_a_single_string_is_one_prompt_in_engine_and_async_engine(reference):
+    import asyncio
+
+    from batchgen_data.engine.async_engine import AsyncEngine
+
+    folder = reference[0]
+    engine = Engine(folder, EngineConfig(block_size=8))
+    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    [expected] = engine.generate(["Hello there"], params)
+    assert engine.generate("Hello there", params)[0].token_ids == expected.token_ids
+    aengine = AsyncEngine(engine)
+    try:
+        outputs = asyncio.run(aengine.generate("Hello there", params))
+    finally:
+        aengine.shutdown()
+    assert len(outputs) == 1  # not eleven one-character prompts
+    assert outputs[0].token_ids == expected.token_ids and outputs[0].num_input_tokens == expected.num_input_tokens

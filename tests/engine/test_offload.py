@@ -20,9 +20,9 @@ SMALL = dict(max_num_seqs=6, attention_batch_size=2, block_size=8)
 
 def _budgets(engine: Engine) -> tuple[int, int]:
     """(the minimum budget: dense weights + one layer's top-k experts; one with room for two more)."""
-    store, config = engine.model.expert_store, engine.model.config
+    store, config = engine.executor.model.expert_store, engine.executor.model.config
     per_expert = store.nbytes // (len(store.layer_ids()) * config.num_experts)
-    minimum = engine.model.dense_weight_bytes + config.num_experts_per_tok * per_expert
+    minimum = engine.executor.model.dense_weight_bytes + config.num_experts_per_tok * per_expert
     return minimum, minimum + 2 * per_expert
 
 
@@ -33,12 +33,12 @@ def test_streamed_experts_give_the_resident_tokens(tiny_checkpoint, arch):
     refs = [o.token_ids for o in resident.generate(PROMPTS, GREEDY)]
     minimum, roomier = _budgets(resident)
     # The smallest budget with a KV pool too small for every sequence at once (suspension).
-    tight_kv = resident.scheduler.kv_bytes_per_token * SMALL["block_size"] * 12
+    tight_kv = resident.kv_bytes_per_token * SMALL["block_size"] * 12
     runs = [("native", minimum, tight_kv), ("deepspeed", roomier, None)]
     for backend, budget, kv in runs:
         with Engine(folder, EngineConfig(**SMALL, expert_backend=backend, weight_memory_bytes=budget,
                                          kv_cache_memory_bytes=kv)) as engine:
-            assert isinstance(engine.model.expert_store, StreamedExpertStore)
+            assert isinstance(engine.executor.model.expert_store, StreamedExpertStore)
             assert [o.token_ids for o in engine.generate(PROMPTS, GREEDY)] == refs, backend
             stats = engine.stats()
             assert stats.offload.num_misses > 0
@@ -76,7 +76,7 @@ def test_offload_stats_and_timeline_account_for_every_byte(tiny_checkpoint):
     with Engine(folder, EngineConfig(**SMALL, weight_memory_bytes=budget, collect_timeline=True)) as engine:
         engine.generate(PROMPTS, GREEDY)
         offload = engine.stats().offload
-        store = engine.model.expert_store
+        store = engine.executor.model.expert_store
     assert offload.resident_dense_bytes + offload.pool_bytes <= budget
     assert offload.pool_bytes == offload.pool_slots * store.bytes_per_expert < offload.model_expert_bytes
     assert offload.bytes_fetched == (offload.num_misses + offload.num_prefetched) * store.bytes_per_expert

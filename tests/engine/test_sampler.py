@@ -8,7 +8,7 @@ from batchgen_data.engine.sampler import SamplingBatch, counter_uniform, first_a
 
 
 def _batch(n, temperature=1.0, top_p=1.0, top_k=0, seeds=None, steps=None):
-    return SamplingBatch([temperature] * n, [top_p] * n, [top_k] * n, seeds or list(range(n)), steps or [0] * n)
+    return SamplingBatch.build([temperature] * n, [top_p] * n, [top_k] * n, seeds or list(range(n)), steps or [0] * n)
 
 
 def test_counter_uniform_is_deterministic_and_uniform():

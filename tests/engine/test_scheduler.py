@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchgen_data.config import EngineConfig
 from batchgen_data.engine.block_manager import BlockManager
+from batchgen_data.engine.runner_output import ModelRunnerOutput
 from batchgen_data.engine.sampling_params import SamplingParams
 from batchgen_data.engine.scheduler import Scheduler
 from batchgen_data.engine.sequence import Sequence, SequenceStatus
@@ -21,6 +23,18 @@ def _fake_tokens(out) -> list[int]:
         for s, smp in zip(out.seqs, out.samples)
         if smp
     ]
+
+
+def _fake_run(out, tokens: list[int] | None = None) -> ModelRunnerOutput:
+    """A fake runner's answer: the tokens, and host KV for what it swapped out (unless swapped
+    back in within the same step, which must find the KV it just read)."""
+    read = {seq.request_id: object() for seq, _ in out.swap_out}
+    for seq, kv in out.swap_in:
+        assert kv is not None or seq.request_id in read, "swapped in without its KV"
+        read.pop(seq.request_id, None)
+    tokens = _fake_tokens(out) if tokens is None else tokens
+    return ModelRunnerOutput(req_ids=[s.request_id for s, smp in zip(out.seqs, out.samples) if smp],
+                             sampled_token_ids=tokens, host_kv=read)
 
 
 @st.composite
@@ -79,12 +93,9 @@ def test_every_sequence_finishes_exactly_once_within_budget(scenario):
         _check_invariants(sched, out, num_blocks)
         assert out.seqs or out.swap_out, "a step with unfinished work scheduled nothing"
         # Swapped-out KV must be captured before its pages are reused: model the runner.
-        for seq, _ in out.swap_out:
-            seq.host_kv = object()
-        for seq in out.swap_in:
-            assert seq.host_kv is not None
-            seq.host_kv = None
-        finished += sched.update(out, _fake_tokens(out), now_s=float(step))
+        finished += sched.update(out, _fake_run(out), now_s=float(step))
+        for seq in sched.suspended:
+            assert (seq.host_kv is not None) == (seq.num_computed_tokens > 0), "host KV lost or stale"
     else:
         raise AssertionError("scheduler did not finish the workload in the step bound")
     assert sorted(s.request_id for s in finished) == list(range(len(requests)))
@@ -121,7 +132,7 @@ def test_most_progress_policy_suspends_least_advanced_and_resumes_most_advanced_
     for s in (a, b):
         sched.add(s)
     out = sched.schedule()
-    sched.update(out, [7, 7], 0.0)
+    sched.update(out, _fake_run(out, [7, 7]), 0.0)
     a.output_token_ids += [7, 7, 7]  # a has made more progress than b
     a.num_computed_tokens = a.num_tokens - 1
     a.block_ids += blocks.allocate(3)
@@ -136,7 +147,7 @@ def test_waiting_work_that_all_fits_starts_without_waiting_for_the_refill_thresh
     for i in range(3):
         sched.add(Sequence(i, [5, 6], params, seed=i))
     out = sched.schedule()
-    sched.update(out, [7] * len(out.seqs), 0.0)
+    sched.update(out, _fake_run(out, [7] * len(out.seqs)), 0.0)
     assert len(sched.running) == 3
     # 3 of 4 running is above the threshold (2), but the one waiting row fits the free slot:
     # it starts now instead of when the running set falls to 2.
@@ -144,7 +155,98 @@ def test_waiting_work_that_all_fits_starts_without_waiting_for_the_refill_thresh
     sched.add(Sequence(4, [5, 6], params, seed=4))
     out = sched.schedule()
     assert len(sched.running) == 3  # two waiting rows do not fit one slot: the threshold holds
-    sched.update(out, [7] * len(out.seqs), 0.0)
+    sched.update(out, _fake_run(out, [7] * len(out.seqs)), 0.0)
     sched.abort(sched.waiting[-1], "test", 0.0)
     sched.schedule()
     assert len(sched.running) == 4
+
+
+def _small_scheduler(num_blocks=16, swap_space_bytes=10_000) -> Scheduler:
+    config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=32, block_size=2, swap_space_bytes=swap_space_bytes)
+    return Scheduler(config, BlockManager(num_blocks, 2), max_model_len=100, kv_bytes_per_token=3)
+
+
+def test_export_takes_a_sequence_out_of_any_queue_and_frees_what_it_held():
+    sched = _small_scheduler()
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    running, waiting = Sequence(0, [5, 6, 7], params, seed=0), Sequence(1, [5], params, seed=1)
+    sched.add(running)
+    out = sched.schedule()
+    sched.update(out, _fake_run(out, [9]), 0.0)
+    sched.add(waiting)
+    assert running.status is SequenceStatus.RUNNING and running.block_ids
+
+    state = sched.export(running, with_kv=True, kv="pages")
+    assert state.kv == "pages" and state.output_token_ids == [9] and state.prompt_token_ids == [5, 6, 7]
+    assert running.status is SequenceStatus.EXPORTED and not running.block_ids
+    assert sched.blocks.num_free == sched.blocks.num_blocks and running not in sched.running
+
+    assert sched.export(waiting).kv is None
+    assert waiting.status is SequenceStatus.EXPORTED and not sched.has_unfinished()
+    with pytest.raises(RuntimeError, match="EXPORTED"):
+        sched.export(waiting)
+
+
+def test_import_resumes_mid_generation_through_swap_in_or_recompute_and_counts_host_bytes():
+    from batchgen_data.engine.sequence import SequenceState
+
+    class FakeKV:  # what a real KV tensor reports: [tokens, values per token]
+        shape = (3, 8)
+
+    sched = _small_scheduler()
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    fresh = sched.import_state(SequenceState(9, [1, 2], [], params, 5), request_id=40, now_s=1.0)
+    assert fresh.status is SequenceStatus.WAITING and fresh.request_id == 40
+    with_kv = sched.import_state(SequenceState(9, [1, 2], [3, 4], params, 5, kv=FakeKV()), request_id=41, now_s=1.0)
+    assert with_kv.status is SequenceStatus.SUSPENDED and with_kv.num_computed_tokens == 3
+    assert sched.host_bytes_used == 3 * 3  # 3 tokens of 3 bytes each, held on host until restored
+    without = sched.import_state(SequenceState(9, [1, 2], [3], params, 5), request_id=42, now_s=1.0)
+    assert without.status is SequenceStatus.SUSPENDED and without.num_computed_tokens == 0
+
+    imported_kv = with_kv.host_kv
+    out = sched.schedule()  # all three fit: the swap-in restores the imported KV, the rest recompute
+    assert out.swap_in == [(with_kv, imported_kv)]
+    assert sched.host_bytes_used == 0 and with_kv.host_kv is None
+    assert {s.request_id for s in out.seqs} == {40, 41, 42}
+    assert sched.stats.num_resumed_swap == 1 and sched.stats.num_resumed_recompute == 1
+
+
+def test_abort_frees_pages_and_host_bytes_whatever_the_queue():
+    sched = _small_scheduler()
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    running = Sequence(0, [5, 6, 7], params, seed=0)
+    sched.add(running)
+    sched.schedule()
+
+    class FakeKV:
+        shape = (2, 8)
+
+    from batchgen_data.engine.sequence import SequenceState
+
+    suspended = sched.import_state(SequenceState(1, [1, 2], [3], params, 5, kv=FakeKV()), request_id=1, now_s=0.0)
+    waiting = Sequence(2, [5], params, seed=2)
+    sched.add(waiting)
+    for seq in (running, suspended, waiting):
+        sched.abort(seq, "cancelled", 2.0)
+        assert seq.status is SequenceStatus.FINISHED and seq.finish_reason == "error" and seq.error == "cancelled"
+    assert not sched.has_unfinished() and sched.host_bytes_used == 0
+    assert sched.blocks.num_free == sched.blocks.num_blocks
+
+
+def test_transition_table_declares_every_move_the_engine_makes_and_no_other():
+    from batchgen_data.engine.sequence import EXPORTABLE, TRANSITIONS
+
+    S = SequenceStatus
+    allowed = {(a, b) for a, targets in TRANSITIONS.items() for b in targets}
+    assert allowed == {
+        (S.WAITING, S.RUNNING), (S.WAITING, S.SUSPENDED), (S.WAITING, S.FINISHED), (S.WAITING, S.EXPORTED),
+        (S.RUNNING, S.SUSPENDED), (S.RUNNING, S.FINISHED), (S.RUNNING, S.EXPORTED),
+        (S.SUSPENDED, S.RUNNING), (S.SUSPENDED, S.FINISHED), (S.SUSPENDED, S.EXPORTED),
+    }
+    assert EXPORTABLE == {S.WAITING, S.RUNNING, S.SUSPENDED}
+    for status in (S.FINISHED, S.EXPORTED):  # final
+        seq = Sequence(0, [1], SamplingParams(), seed=0)
+        seq.status = status
+        for target in S:
+            with pytest.raises(RuntimeError, match="illegal transition"):
+                seq.transition(target)

@@ -49,9 +49,9 @@ def test_mla_cache_holds_the_compressed_latent_and_rope_key_only(tiny_checkpoint
     rank, rope = config.mla.kv_lora_rank, config.mla.qk_rope_head_dim
     compressed = config.num_hidden_layers * (rank + rope) * 4  # fp32 bytes per token
     expanded = config.num_hidden_layers * config.num_attention_heads * (config.mla.qk_head_dim + config.mla.v_head_dim) * 4
-    assert engine.scheduler.kv_bytes_per_token == compressed < expanded
-    assert all(layer[0].shape[1:] == (8, rank + rope) and len(layer) == 1 for layer in engine.kv_cache.layers)
-    assert engine.kv_cache.num_blocks == (1 << 20) // (compressed * 8)
+    assert engine.kv_bytes_per_token == compressed < expanded
+    assert all(layer[0].shape[1:] == (8, rank + rope) and len(layer) == 1 for layer in engine.executor.kv_cache.layers)
+    assert engine.executor.kv_cache.num_blocks == (1 << 20) // (compressed * 8)
     # Portable KV (swap, export) is the same compressed rows.
     [out] = engine.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
     seq = engine.add_request([5, 6, 7, 8], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
@@ -71,7 +71,7 @@ def test_mla_model_loads_no_expanded_kv_projection_per_token(tiny_checkpoint):
     """Decode never expands the cache: a decode-only forward multiplies no context through kv_b."""
     folder, _ = tiny_checkpoint("deepseek_v3")
     engine = Engine(folder, EngineConfig(block_size=8))
-    attention = engine.model.layers[0].attention
+    attention = engine.executor.model.layers[0].attention
     calls = []
     original = attention._prefill_expanded
     attention._prefill_expanded = lambda *a: calls.append(1) or original(*a)

@@ -1,6 +1,6 @@
 """The rank processes of one expert-parallel engine: start, command in lockstep, detect death, stop.
 
-Each rank is a fresh interpreter (``python -m batchgen_data.distributed.rank_worker``; spawned,
+Each rank is a fresh interpreter (``python -m batchgen_data.engine.executor.rank_worker``; spawned,
 never forked: the parent holds torch and thread pools) talking to the driver over its own socket
 pair. The group is in lockstep by construction: ``step`` sends one command to every rank and
 collects one answer from each before returning.
@@ -25,7 +25,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 from batchgen_data.config import EngineConfig
-from batchgen_data.distributed.rank_protocol import (
+from batchgen_data.engine.executor.rank_protocol import (
     RankCommand,
     RankFailure,
     RankReady,
@@ -74,7 +74,7 @@ class RankGroup:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.setdefault("DS_ACCELERATOR", self.device_type)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "batchgen_data.distributed.rank_worker", "--fd", str(theirs.fileno())],
+            [sys.executable, "-m", "batchgen_data.engine.executor.rank_worker", "--fd", str(theirs.fileno())],
             pass_fds=[theirs.fileno()], env=env, stdout=subprocess.DEVNULL,  # stderr stays: their errors
         )
         theirs.close()

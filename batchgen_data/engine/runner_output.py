@@ -1,0 +1,34 @@
+"""What one forward produced: the model runner's answer to a ``SchedulerOutput``. No torch import.
+
+The scheduler and the model runner meet only through ``SchedulerOutput`` (what to run) and
+``ModelRunnerOutput`` (what came out); the runner never writes into sequences, the scheduler
+applies the output in ``update``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the scheduler imports this module and stays torch-free
+    import torch
+
+
+@dataclass(slots=True)
+class ModelRunnerOutput:
+    """One forward's results, per sampling sequence in batch order.
+
+    ``req_ids[i]`` sampled ``sampled_token_ids[i]``; ``logprobs[i]``, where a request asked for
+    them, holds what the sampler captured for that token (``None`` otherwise). ``host_kv`` maps
+    each sequence swapped out in this step to the KV read out of its pages (the scheduler keeps
+    it until the sequence resumes).
+    """
+
+    req_ids: list[int] = field(default_factory=list)
+    sampled_token_ids: list[int] = field(default_factory=list)
+    logprobs: list[Any] | None = None
+    host_kv: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def num_sampled(self) -> int:
+        return len(self.sampled_token_ids)
