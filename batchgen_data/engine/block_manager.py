@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    """Blocks of ``block_size`` slots that ``num_tokens`` tokens take."""
+    return -(-num_tokens // block_size)
+
+
 class BlockManager:
     """A free list of ``num_blocks`` KV blocks of ``block_size`` token slots each."""
 
@@ -20,7 +25,7 @@ class BlockManager:
         return self.num_blocks - len(self._free)
 
     def blocks_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return blocks_for(num_tokens, self.block_size)
 
     def can_allocate(self, num_blocks: int) -> bool:
         return num_blocks <= len(self._free)

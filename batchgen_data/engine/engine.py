@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from collections.abc import Sequence as SequenceABC
 
 from batchgen_data.config import EngineConfig
+from batchgen_data.engine.block_manager import blocks_for
 from batchgen_data.engine.executor.base import Executor
 from batchgen_data.engine.executor.expert_parallel import ExpertParallelExecutor
 from batchgen_data.engine.executor.in_process import InProcessExecutor, resolve_max_model_len
@@ -106,7 +107,7 @@ class Engine:
             )
         worst = min(prompt_len + seq.params.max_tokens, self.max_model_len)
         block_size, num_blocks = self.executor.block_size, self.executor.num_kv_blocks
-        if -(-worst // block_size) > num_blocks:
+        if blocks_for(worst, block_size) > num_blocks:
             raise RequestError(
                 f"request needs up to {worst} tokens of KV cache but the whole KV budget holds "
                 f"{num_blocks * block_size} tokens; raise kv_cache_memory_bytes or lower max_tokens"
