@@ -71,6 +71,12 @@ class EngineConfig:
             load (``stats().offload``). The budget must hold the dense weights plus one layer's
             top-k experts; the load error names that minimum. Not combinable with
             ``expert_parallel_size`` > 1.
+        enable_prefix_caching (bool, default True): rows whose prompts share a prefix share its
+            KV (vLLM's automatic prefix caching): every full KV block is named by a hash of its
+            tokens and its prefix, freed blocks keep their KV until the space is needed (least
+            recently freed first), and a new sequence starts after the longest prefix already
+            cached. Waiting rows are admitted longest cached prefix first, and siblings wait one
+            step for a shared prefix another row is computing. Tokens are the same either way.
 
     Example:
         >>> EngineConfig(max_num_seqs=128).attention_batch_size
@@ -96,6 +102,7 @@ class EngineConfig:
     rank_timeout_s: float = 120.0
     bind_rank_cpus: bool | None = None
     weight_memory_bytes: int | None = None
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "attention_batch_size", "max_num_batched_tokens", "block_size", "expert_parallel_size"):

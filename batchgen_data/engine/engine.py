@@ -204,6 +204,7 @@ class Engine:
             num_generated_tokens=seq.num_generated,
             error=seq.error,
             prompt_token_ids=list(seq.prompt_token_ids),
+            num_cached_tokens=seq.num_cached_tokens or 0,
             timings=RequestTimings(
                 queued_s=seq.arrival_s,
                 first_token_s=None if seq.first_token_s is None else seq.first_token_s - seq.arrival_s,

@@ -31,4 +31,5 @@ class GenerationOutput:
     num_generated_tokens: int
     error: str | None = None
     prompt_token_ids: list[int] = field(default_factory=list)
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (vLLM's name)
     timings: RequestTimings = field(default_factory=RequestTimings)

@@ -8,11 +8,17 @@ NOTE: one step of ``schedule()``:
   2. Refill. When the running set has fallen below ``refill_threshold * max_num_seqs`` (or is
      empty, or nothing is suspended and all waiting work fits its free slots), suspended
      sequences resume first, then waiting ones are admitted, while their pages fit (keeping one
-     page of headroom per running sequence) and the set is below max_num_seqs.
+     page of headroom per running sequence) and the set is below max_num_seqs. With prefix
+     caching, a sequence starts after the longest prefix of its blocks already cached (at
+     least its last token is computed), and waiting ones are admitted in prefix order: within
+     a window at the queue's head, the longest cached prefix first (ties in arrival order), and
+     one whose next block a running sequence is computing right now waits for it (at most
+     ``_MAX_DEFERRALS`` admissions), so siblings never compute a shared prefix twice.
   3. Emit. The running sequences with work this step, in order, and their query lengths, are
      COMBINED into one forward (the model runner splits attention into micro-batches).
-``update()`` then applies the runner's ``ModelRunnerOutput``: keeps swapped-out KV, appends
-sampled tokens, applies the stop rules and frees finished sequences.
+``update()`` then applies the runner's ``ModelRunnerOutput``: keeps swapped-out KV, names the
+blocks whose KV is now complete in the prefix cache, appends sampled tokens, applies the stop
+rules and frees finished sequences.
 Per-sequence Python work here is O(1) per step; page work happens once per page of tokens.
 
 The scheduler is the only writer of its state: its queues, the sequences' statuses, block ids
@@ -29,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batchgen_data.config import EngineConfig
-from batchgen_data.engine.block_manager import BlockManager
+from batchgen_data.engine.block_manager import BlockManager, block_hashes
 from batchgen_data.engine.runner_output import ModelRunnerOutput
 from batchgen_data.engine.sequence import Sequence, SequenceState, SequenceStatus
 
@@ -53,12 +59,21 @@ class SchedulerOutput:
         return sum(self.query_lens)
 
 
+# With prefix caching: how many sequences at the head of the waiting queue are ordered by
+# their cached prefix (bounds the per-refill lookups), and how many admissions one may wait for
+# a sibling computing its next block (the starvation bound).
+_ADMISSION_WINDOW_PER_SLOT = 2
+_MAX_DEFERRALS = 8
+
+
 @dataclass(slots=True)
 class SchedulerStats:
     num_suspended: int = 0
     num_resumed_swap: int = 0
     num_resumed_recompute: int = 0
     num_recomputed_tokens: int = 0
+    num_prefix_query_tokens: int = 0  # tokens of sequences admitted while caching is on
+    num_prefix_hit_tokens: int = 0  # of which found in the prefix cache (not computed)
 
 
 class Scheduler:
@@ -180,31 +195,78 @@ class Scheduler:
         )
         while self.suspended and len(self.running) < target:
             seq = self.suspended[0]
+            swapped = seq.num_computed_tokens > 0  # its KV is on host; else recomputed
             if not self._admit(seq):
                 return swap_in
             self.suspended.pop(0)
-            if seq.num_computed_tokens:
+            if swapped:
                 swap_in.append((seq, seq.host_kv))
                 seq.host_kv = None
                 self.host_bytes_used -= seq.num_computed_tokens * self.kv_bytes_per_token
                 self.stats.num_resumed_swap += 1
             else:
                 self.stats.num_resumed_recompute += 1
-                self.stats.num_recomputed_tokens += seq.num_tokens - 1
-        while self.waiting and len(self.running) < target:
-            seq = self.waiting[0]
-            if not self._admit(seq):
-                break
-            self.waiting.popleft()
+                self.stats.num_recomputed_tokens += seq.num_tokens - 1 - seq.num_computed_tokens
+        if not self.config.enable_prefix_caching:
+            while self.waiting and len(self.running) < target:
+                if not self._admit(self.waiting[0]):
+                    break
+                self.waiting.popleft()
+            return swap_in
+        self._admit_in_prefix_order(target)
         return swap_in
 
+    def _admit_in_prefix_order(self, target: int) -> None:
+        """Admit waiting sequences longest cached prefix first; defer one whose next block a
+        running sequence is computing (see the module NOTE)."""
+        window = [self.waiting[i] for i in range(min(len(self.waiting), _ADMISSION_WINDOW_PER_SLOT * target))]
+        cached = {id(seq): len(self.blocks.lookup(self._prefix_hashes(seq))) for seq in window}
+        window.sort(key=lambda seq: -cached[id(seq)])  # stable: arrival order among equals
+        computing = {h for seq in self.running for h in seq.block_hashes[seq.num_registered_blocks:]}
+        admitted = set()
+        for seq in window:
+            if len(self.running) >= target:
+                break
+            hashes, hit = seq.block_hashes, cached[id(seq)]
+            if hit < len(hashes) and hashes[hit] in computing and seq.num_deferrals < _MAX_DEFERRALS:
+                seq.num_deferrals += 1
+                continue
+            if not self._admit(seq):
+                break
+            admitted.add(id(seq))
+            computing.update(hashes[hit:])
+        if admitted:
+            self.waiting = deque(seq for seq in self.waiting if id(seq) not in admitted)
+
+    def _prefix_hashes(self, seq: Sequence) -> list[int]:
+        """Hashes of the full blocks the sequence may take from the cache: all but the block
+        holding its last token, which is always computed (its logits are needed)."""
+        limit = (seq.num_tokens - 1) // self.blocks.block_size
+        if len(seq.block_hashes) < limit:
+            block_hashes(seq.token_ids, self.blocks.block_size, seq.block_hashes, limit)
+        return seq.block_hashes[:limit]
+
     def _admit(self, seq: Sequence) -> bool:
-        """Pages for all of the sequence's tokens (a swapped-in KV plus its pending token)."""
+        """Pages for all of the sequence's tokens (a swapped-in KV plus its pending token); with
+        prefix caching, a sequence without KV takes its longest cached prefix as computed."""
         needed = self.blocks.blocks_for(seq.num_tokens)
         headroom = len(self.running)  # one page of growth per running sequence
-        if not self.blocks.can_allocate(needed + headroom):
+        cached: list[int] = []
+        caching = self.config.enable_prefix_caching and seq.num_computed_tokens == 0
+        if caching:
+            cached = self.blocks.lookup(self._prefix_hashes(seq))
+        if not self.blocks.can_allocate(needed - len(cached) + self.blocks.num_free_among(cached) + headroom):
             return False
-        seq.block_ids = self.blocks.allocate(needed)
+        self.blocks.touch(cached)  # before allocating: a fresh block must not evict these
+        seq.block_ids = cached + self.blocks.allocate(needed - len(cached))
+        seq.num_registered_blocks = len(cached)
+        if caching:
+            hit = len(cached) * self.blocks.block_size
+            seq.num_computed_tokens = hit
+            self.stats.num_prefix_query_tokens += seq.num_tokens
+            self.stats.num_prefix_hit_tokens += hit
+            if seq.num_cached_tokens is None:
+                seq.num_cached_tokens = hit
         seq.transition(SequenceStatus.RUNNING)
         self.running.append(seq)
         return True
@@ -219,8 +281,11 @@ class Scheduler:
                 seq.host_kv = kv
         finished = []
         it = iter(result.sampled_token_ids)
+        caching = self.config.enable_prefix_caching
         for seq, qlen, samples in zip(out.seqs, out.query_lens, out.samples):
             seq.num_computed_tokens += qlen
+            if caching and seq.num_computed_tokens // self.blocks.block_size > seq.num_registered_blocks:
+                self._register_blocks(seq)
             if not samples:
                 continue
             token = next(it)
@@ -234,6 +299,16 @@ class Scheduler:
                 seq.finish(reason, now_s)
                 finished.append(seq)
         return finished
+
+    def _register_blocks(self, seq: Sequence) -> None:
+        """Name the sequence's blocks whose KV is now complete in the prefix cache."""
+        size = self.blocks.block_size
+        full = seq.num_computed_tokens // size
+        if len(seq.block_hashes) < full:
+            block_hashes(seq.token_ids, size, seq.block_hashes, full)
+        for i in range(seq.num_registered_blocks, full):
+            self.blocks.cache(seq.block_ids[i], seq.block_hashes[i])
+        seq.num_registered_blocks = full
 
     def _stop_reason(self, seq: Sequence, token: int) -> str | None:
         params = seq.params
@@ -262,8 +337,9 @@ class Scheduler:
     # -- errors and migration -------------------------------------------------------------------
 
     def _free_pages(self, seq: Sequence) -> None:
-        self.blocks.free(seq.block_ids)
+        self.blocks.free(seq.block_ids)  # cached blocks keep their KV until the space is needed
         seq.block_ids = []
+        seq.num_registered_blocks = 0
 
     def _take_out(self, seq: Sequence) -> None:
         """Remove a queued or running sequence from its queue, freeing its pages and host KV."""

@@ -85,6 +85,14 @@ class Sequence:
     first_token_s: float | None = None
     finished_s: float | None = None
     num_suspensions: int = 0
+    # Prefix cache (the scheduler's): hashes of the sequence's full blocks so far (tokens never
+    # change, so they survive suspension), how many of its current blocks are named in the
+    # cache, the prompt tokens its first admission found cached, admissions it waited for a
+    # sibling computing a shared prefix.
+    block_hashes: list[int] = field(default_factory=list)
+    num_registered_blocks: int = 0
+    num_cached_tokens: int | None = None
+    num_deferrals: int = 0
 
     def transition(self, new: SequenceStatus) -> None:
         if new not in TRANSITIONS[self.status]:
@@ -112,6 +120,11 @@ class Sequence:
     def num_pending_tokens(self) -> int:
         """Tokens not yet in KV: the rest of the prompt (prefill) or the last sampled token."""
         return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Prompt then output tokens (a new list)."""
+        return self.prompt_token_ids + self.output_token_ids
 
     def token_ids_range(self, start: int, end: int) -> list[int]:
         prompt_len = len(self.prompt_token_ids)

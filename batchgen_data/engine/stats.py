@@ -25,6 +25,8 @@ class RankStats:
     num_resumed_swap: int = 0
     num_resumed_recompute: int = 0
     num_recomputed_tokens: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
     expert_calls: int = 0  # (layer, expert) GEMM pairs its experts ran
     expert_tokens: int = 0  # routed token rows over those calls
     num_migrated_in: int = 0
@@ -53,6 +55,13 @@ class EngineStats:
     expert_weight_bytes: int = 0  # routed-expert weights resident in this process (each rank's own)
     ranks: list[RankStats] = field(default_factory=list)  # one per expert-parallel rank
     offload: OffloadStats | None = None  # streamed experts (EngineConfig.weight_memory_bytes)
+    prefix_cache_queries: int = 0  # tokens of sequences admitted with prefix caching on
+    prefix_cache_hits: int = 0  # of which their KV came from the prefix cache
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """Share of queried tokens found in the prefix cache."""
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
 
     @property
     def runtime_overhead(self) -> float:

@@ -51,6 +51,7 @@ def scenarios(draw):
         swap_space_bytes=draw(st.sampled_from([0, 50, 10_000])),
         suspend_policy=draw(st.sampled_from(["most_progress", "shortest_first"])),
         refill_threshold=draw(st.sampled_from([0.25, 0.75, 1.0])),
+        enable_prefix_caching=draw(st.booleans()),
     )
     requests = []
     for _ in range(draw(st.integers(1, 25))):
@@ -62,8 +63,13 @@ def scenarios(draw):
 
 def _check_invariants(sched: Scheduler, out, num_blocks: int) -> None:
     owned = [b for s in sched.running for b in s.block_ids]
-    assert len(owned) == len(set(owned)), "a KV block is owned twice"
-    assert len(owned) + sched.blocks.num_free == num_blocks, "blocks leaked or double-freed"
+    if sched.config.enable_prefix_caching:  # a cached block is shared: one reference per owner
+        assert all(sched.blocks.ref_count(b) == owned.count(b) for b in set(owned)), "reference counts drift"
+        shared = [b for b in set(owned) if owned.count(b) > 1]
+        assert all(sched.blocks._hash_of[b] is not None for b in shared), "an uncached block is shared"
+    else:
+        assert len(owned) == len(set(owned)), "a KV block is owned twice"
+    assert len(set(owned)) + sched.blocks.num_free == num_blocks, "blocks leaked or double-freed"
     assert len(sched.running) <= sched.config.max_num_seqs
     assert out.num_tokens <= sched.config.max_num_batched_tokens
     for seq, qlen in zip(out.seqs, out.query_lens):

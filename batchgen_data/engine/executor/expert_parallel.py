@@ -161,6 +161,7 @@ class ExpertParallelExecutor:
                 continue
             seq.output_token_ids = list(done.output_token_ids)
             seq.stop_text_len = done.stop_text_len
+            seq.num_cached_tokens = done.num_cached_tokens
             if seq.first_token_s is None and seq.output_token_ids:
                 seq.first_token_s = now
             seq.finish(done.finish_reason, now, error=done.error)
@@ -238,6 +239,8 @@ class ExpertParallelExecutor:
             expert_comm_s=sum(r.expert_comm_s for r in ranks),
             expert_weight_bytes=max((r.expert_weight_bytes for r in ranks), default=0),
             ranks=list(ranks),
+            prefix_cache_queries=sum(r.prefix_cache_queries for r in ranks),
+            prefix_cache_hits=sum(r.prefix_cache_hits for r in ranks),
         )
 
     def close(self) -> None:

@@ -192,6 +192,8 @@ class InProcessExecutor:
             expert_comm_s=self.model.expert_comm_seconds(),
             expert_weight_bytes=getattr(store, "nbytes", 0),
             offload=None if self.offload_plan is None else OffloadStats.of(self.model, store, self.offload_plan),
+            prefix_cache_queries=s.num_prefix_query_tokens,
+            prefix_cache_hits=s.num_prefix_hit_tokens,
         )
 
     def close(self) -> None:

@@ -66,6 +66,7 @@ class FinishedSequence:
     finish_reason: str
     error: str | None
     stop_text_len: int | None
+    num_cached_tokens: int | None = None
 
 
 @dataclass(slots=True)

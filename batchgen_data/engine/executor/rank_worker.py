@@ -139,7 +139,7 @@ class RankWorker:
         return StepResult(
             rank=self.rank,
             finished=[FinishedSequence(s.request_id, list(s.output_token_ids), s.finish_reason or "error", s.error,
-                                       s.stop_text_len) for s in finished],
+                                       s.stop_text_len, s.num_cached_tokens) for s in finished],
             started=started,
             exported=exported,
             load=self._load(),
@@ -195,6 +195,8 @@ class RankWorker:
             num_resumed_swap=stats.num_resumed_swap,
             num_resumed_recompute=stats.num_resumed_recompute,
             num_recomputed_tokens=stats.num_recomputed_tokens,
+            prefix_cache_queries=stats.prefix_cache_queries,
+            prefix_cache_hits=stats.prefix_cache_hits,
             expert_calls=runner.expert_calls,
             expert_tokens=runner.expert_tokens,
             num_migrated_in=self.num_migrated_in,

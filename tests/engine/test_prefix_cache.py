@@ -1,0 +1,197 @@
+"""Prefix caching: block hashing, reference counts and LRU eviction, prefix-ordered admission
+(no model), and tokens identical with caching on and off for every family (a real model)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from tiny_checkpoints import ARCHITECTURES
+
+from batchgen_data import Engine, EngineConfig, SamplingParams
+from batchgen_data.engine.block_manager import BlockManager, block_hashes
+from batchgen_data.engine.runner_output import ModelRunnerOutput
+from batchgen_data.engine.sampling_params import SamplingParams as SP
+from batchgen_data.engine.scheduler import _MAX_DEFERRALS, Scheduler
+from batchgen_data.engine.sequence import Sequence
+from batchgen_data.model import MoEModel
+from batchgen_data.model.kv_cache import KVCache
+
+# -- block manager ----------------------------------------------------------------------------------
+
+
+def test_block_hashes_chain_through_the_prefix():
+    a = block_hashes([1, 2, 3, 4, 5, 6, 7], 2, [], 3)
+    b = block_hashes([1, 2, 3, 4, 9, 9], 2, [], 3)
+    c = block_hashes([0, 2, 3, 4, 5, 6], 2, [], 3)
+    assert len(a) == 3 and a[:2] == b[:2] and a[2] != b[2]  # same first 4 tokens, then not
+    assert c[1] != a[1]  # same tokens in block 1, other parent: another block
+    assert block_hashes([1, 2, 3, 4], 2, a[:1], 2) == a[:2]  # extends what the caller kept
+    assert block_hashes([1, 2], 2, [], 1, extra_key="lora-a") != a[:1]  # extra keys salt it
+
+
+def test_freed_cached_blocks_keep_their_kv_until_least_recently_freed_first_eviction():
+    blocks = BlockManager(4, 2)
+    first, second = blocks.allocate(2), blocks.allocate(2)
+    blocks.cache(first[0], 11), blocks.cache(second[0], 22)
+    assert blocks.num_free == 0 and blocks.num_cached == 2
+    blocks.free(first)  # freed earlier: evicted first
+    blocks.free(second)
+    assert blocks.num_free == 4 and blocks.lookup([11]) == [first[0]] and blocks.lookup([22]) == [second[0]]
+    taken = blocks.allocate(2)  # first's two blocks: its uncached tail, then its cached head
+    assert set(taken) == set(first)
+    assert blocks.lookup([11]) == [] and blocks.lookup([22]) == [second[0]]
+    assert blocks.num_cached == 1
+
+
+def test_reference_counts_share_a_block_and_free_it_once_every_holder_is_done():
+    blocks = BlockManager(3, 2)
+    [b] = blocks.allocate(1)
+    blocks.cache(b, 7)
+    found = blocks.lookup([7, 8])
+    assert found == [b]  # the longest cached prefix stops at the first miss
+    blocks.touch(found)
+    assert blocks.ref_count(b) == 2 and blocks.num_free == 2
+    blocks.free([b])
+    assert blocks.num_free == 2  # still held by the other owner
+    blocks.free([b])
+    assert blocks.num_free == 3 and blocks.num_free_among([b]) == 1
+    blocks.touch([b])  # revived from the free queue
+    assert blocks.num_free == 2 and blocks.ref_count(b) == 1
+    blocks.free([b])
+    with pytest.raises(RuntimeError, match="freed more often"):
+        blocks.free([b])
+
+
+def test_a_block_is_named_once_and_a_duplicate_hash_keeps_the_first_block():
+    blocks = BlockManager(4, 2)
+    a, b = blocks.allocate(2)
+    blocks.cache(a, 5)
+    blocks.cache(b, 5)
+    assert blocks.lookup([5]) == [a]
+    blocks.cache(a, 6)  # already named: unchanged
+    assert blocks.lookup([6]) == []
+
+
+# -- admission (a scheduler with a fake model) -----------------------------------------------------
+
+BLOCK = 4
+TEMPLATE = list(range(100, 124))  # six full blocks shared by every row of a template
+
+
+def _scheduler(num_blocks: int = 200, max_num_seqs: int = 16) -> Scheduler:
+    config = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=4096, block_size=BLOCK)
+    return Scheduler(config, BlockManager(num_blocks, BLOCK), max_model_len=10_000, kv_bytes_per_token=1)
+
+
+def _row(i: int, template=TEMPLATE) -> Sequence:
+    return Sequence(i, template + [1000 + i, 2000 + i, 3000 + i], SP(max_tokens=3, ignore_eos=True), seed=i)
+
+
+def _step(sched: Scheduler):
+    out = sched.schedule()
+    sampled = [s for s, smp in zip(out.seqs, out.samples) if smp]
+    sched.update(out, ModelRunnerOutput([s.request_id for s in sampled], [7] * len(sampled)), 0.0)
+    return out
+
+
+def test_siblings_wait_one_step_for_the_shared_prefix_instead_of_computing_it_twice():
+    sched = _scheduler()
+    rows = [_row(i) for i in range(6)]
+    for seq in rows:
+        sched.add(seq)
+    out = _step(sched)
+    assert [s.request_id for s in out.seqs] == [0]  # one row computes the template
+    assert out.num_tokens == len(rows[0].prompt_token_ids)
+    out = _step(sched)  # the template is cached now: the siblings start after it
+    assert {s.request_id for s in out.seqs} >= {1, 2, 3, 4, 5}
+    assert all(rows[i].num_cached_tokens == len(TEMPLATE) for i in range(1, 6))
+    assert rows[0].num_cached_tokens == 0
+    computed = sum(q for s, q in zip(out.seqs, out.query_lens) if s.request_id != 0)
+    assert computed == 5 * 3  # only the row parts
+    assert sched.stats.num_prefix_hit_tokens == 5 * len(TEMPLATE)
+
+
+def test_longest_cached_prefix_first_and_arrival_order_when_nothing_is_shared():
+    sched = _scheduler(max_num_seqs=1)
+    other = list(range(500, 524))
+    warm = _row(0)
+    sched.add(warm)
+    while sched.has_unfinished():
+        _step(sched)  # the template is now cached (freed, kept)
+    cold, hot = _row(1, other), _row(2)
+    sched.add(cold)
+    sched.add(hot)
+    out = _step(sched)
+    assert [s.request_id for s in out.seqs] == [2]  # arrived later, but its prefix is cached
+
+    fresh = _scheduler(max_num_seqs=1)
+    unshared = [Sequence(i, [10 * i + k for k in range(9)], SP(max_tokens=1), seed=i) for i in range(4)]
+    for seq in unshared:
+        fresh.add(seq)
+    order = []
+    while fresh.has_unfinished():
+        order += [s.request_id for s in _step(fresh).seqs if s.request_id not in order]
+    assert order == [0, 1, 2, 3]  # nothing shared: today's order
+
+
+def test_a_deferred_sibling_starts_within_the_starvation_bound():
+    sched = _scheduler(max_num_seqs=4)
+    long_template = list(range(100, 100 + 4 * BLOCK * 8))  # 32 blocks, prefilled in chunks
+    sched.config.max_num_batched_tokens = BLOCK  # one block per step: the sibling would wait 32
+    first, sibling = _row(0, long_template), _row(1, long_template)
+    sched.add(first)
+    sched.add(sibling)
+    steps = 0
+    while sibling.status.name == "WAITING":
+        _step(sched)
+        steps += 1
+    assert sibling.num_deferrals == _MAX_DEFERRALS and steps == _MAX_DEFERRALS + 1
+
+
+# -- tokens with caching on and off (real models) --------------------------------------------------
+
+
+def _templated_prompts(seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    templates = [[rng.randrange(4, 500) for _ in range(n)] for n in (37, 24, 9)]
+    return [templates[i % 3] + [rng.randrange(4, 500) for _ in range(rng.randrange(1, 12))] for i in range(12)]
+
+
+def _generate(folder, prompts, caching: bool, **config):
+    engine = Engine(folder, EngineConfig(block_size=8, enable_prefix_caching=caching, **config))
+    greedy = engine.generate(prompts, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+    seeded = engine.generate(prompts, [SamplingParams(max_tokens=12, temperature=0.9, top_p=0.9, seed=i,
+                                                      ignore_eos=True) for i in range(len(prompts))])
+    return [o.token_ids for o in greedy + seeded], engine.stats(), greedy + seeded
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_tokens_are_identical_with_prefix_caching_on_and_off(tiny_checkpoint, arch):
+    folder, _ = tiny_checkpoint(arch)
+    prompts = _templated_prompts()
+    off, off_stats, _ = _generate(folder, prompts, caching=False)
+    on, on_stats, outs = _generate(folder, prompts, caching=True)
+    assert on == off
+    assert off_stats.prefix_cache_hits == 0 and on_stats.prefix_cache_hits > 0
+    assert on_stats.num_forward_tokens < off_stats.num_forward_tokens
+    assert any(o.num_cached_tokens >= 8 for o in outs)
+
+
+def _kv_budget(folder, num_tokens: int, block_size: int = 8) -> int:
+    specs = MoEModel.from_pretrained(folder).kv_specs
+    return KVCache.bytes_per_block(specs, block_size) * (-(-num_tokens // block_size))
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v3", "gpt_oss"])
+@pytest.mark.parametrize("swap", [False, True], ids=["recompute", "swap"])
+def test_identical_under_a_kv_budget_that_evicts_cached_blocks_and_suspends(tiny_checkpoint, arch, swap):
+    folder, _ = tiny_checkpoint(arch)
+    prompts = _templated_prompts(seed=1)
+    budget = _kv_budget(folder, 160)
+    config = dict(max_num_seqs=6, attention_batch_size=3, max_num_batched_tokens=64, kv_cache_memory_bytes=budget,
+                  swap_space_bytes=budget * 4 if swap else 0)
+    off, _, _ = _generate(folder, prompts, caching=False, **config)
+    on, stats, _ = _generate(folder, prompts, caching=True, **config)
+    assert on == off
+    assert stats.num_suspended > 0 and stats.prefix_cache_hits > 0
