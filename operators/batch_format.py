@@ -20,6 +20,7 @@ OUTPUT_SCHEMA = pa.schema(
         ("generated_tokens", pa.list_(pa.int64())),
         ("num_input_tokens", pa.int64()),
         ("num_generated_tokens", pa.int64()),
+        ("num_cached_tokens", pa.int64()),
         ("finish_reason", pa.string()),
         ("time_taken_llm", pa.float64()),
         ("__inference_error__", pa.string()),

@@ -54,7 +54,8 @@ class BatchGenOperator:
             ``skip_special_tokens`` for rows without ``sampling_params`` (see ``StageConfig``).
 
     Output columns: ``generated_text``, ``generated_tokens``, ``num_input_tokens``,
-    ``num_generated_tokens``, ``finish_reason``, ``time_taken_llm`` and ``__inference_error__``
+    ``num_generated_tokens``, ``num_cached_tokens`` (prompt tokens whose KV came from the prefix
+    cache), ``finish_reason``, ``time_taken_llm`` and ``__inference_error__``
     (always present, null on success). Every other column passes through; one output row per
     input row, in input order.
 

@@ -29,6 +29,7 @@ OUTPUT_COLUMNS = (
     "generated_tokens",
     "num_input_tokens",
     "num_generated_tokens",
+    "num_cached_tokens",
     "finish_reason",
     "time_taken_llm",
     ERROR_COLUMN,
@@ -119,6 +120,7 @@ class RowResult:
     generated_tokens: list[int] | None = None
     num_input_tokens: int | None = None
     num_generated_tokens: int | None = None
+    num_cached_tokens: int | None = None  # prompt tokens whose KV came from the prefix cache
     finish_reason: str | None = None
     time_taken_llm: float | None = None
     error: str | None = None
@@ -130,6 +132,7 @@ class RowResult:
             generated_tokens=list(out.token_ids),
             num_input_tokens=out.num_input_tokens,
             num_generated_tokens=out.num_generated_tokens,
+            num_cached_tokens=out.num_cached_tokens if out.error is None else None,
             finish_reason=out.finish_reason,
             time_taken_llm=out.timings.finished_s,
             error=out.error,
@@ -311,6 +314,7 @@ def output_columns(results: list[RowResult]) -> dict[str, list]:
         "generated_tokens": [r.generated_tokens for r in results],
         "num_input_tokens": [r.num_input_tokens for r in results],
         "num_generated_tokens": [r.num_generated_tokens for r in results],
+        "num_cached_tokens": [r.num_cached_tokens for r in results],
         "finish_reason": [r.finish_reason for r in results],
         "time_taken_llm": [r.time_taken_llm for r in results],
         ERROR_COLUMN: [r.error for r in results],

@@ -151,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"batchgen-data: {summary.num_rows} rows in {summary.num_parts} parts "
         f"({summary.num_parts_skipped} already done), {summary.num_error_rows} error rows, "
-        f"{summary.num_output_tokens} output tokens -> {args.output}"
+        f"{summary.num_output_tokens} output tokens, prefix cache hit "
+        f"{summary.prefix_cache_hit_rate:.0%} of prompt tokens -> {args.output}"
     )
     for name in summary.empty_inputs:
         print(f"batchgen-data: {name} has zero rows")

@@ -19,12 +19,14 @@ class JobProgress:
         self.tokens = 0
         self.errors = 0
 
-    def update(self, num_rows: int, num_tokens: int, num_errors: int) -> None:
+    def update(self, num_rows: int, num_tokens: int, num_errors: int, cache_hit_rate: float = 0.0) -> None:
+        """``cache_hit_rate``: the job's prefix-cache hit rate so far (prompt tokens)."""
         self.rows += num_rows
         self.tokens += num_tokens
         self.errors += num_errors
         elapsed = max(time.perf_counter() - self.start, 1e-9)
-        self.bar.set_postfix_str(f"{self.tokens / elapsed:.0f} out tok/s, {self.errors} error rows", refresh=False)
+        self.bar.set_postfix_str(f"{self.tokens / elapsed:.0f} out tok/s, prefix cache hit {cache_hit_rate:.0%}, "
+                                 f"{self.errors} error rows", refresh=False)
         self.bar.update(num_rows)
 
     def close(self) -> None:

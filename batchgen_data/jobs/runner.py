@@ -62,9 +62,16 @@ class JobSummary:
     num_rows: int
     num_error_rows: int = 0
     num_output_tokens: int = 0
+    num_input_tokens: int = 0  # prompt tokens of the rows run in this invocation
+    num_cached_tokens: int = 0  # of which their KV came from the prefix cache
     output_files: list[str] = field(default_factory=list)
     empty_inputs: list[str] = field(default_factory=list)  # files read with zero rows
     skipped_inputs: list[BadInput] = field(default_factory=list)  # bad files, with skip_bad_files
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """Share of the prompt tokens run whose KV came from the prefix cache."""
+        return self.num_cached_tokens / self.num_input_tokens if self.num_input_tokens else 0.0
 
 
 def run_job(spec: JobSpec) -> JobSummary:
@@ -112,8 +119,10 @@ def _finish_part(spec: JobSpec, part: Part, table: pa.Table, progress: JobProgre
     tokens = sum(n or 0 for n in table.column("num_generated_tokens").to_pylist())
     summary.num_error_rows += num_errors
     summary.num_output_tokens += tokens
+    summary.num_input_tokens += sum(n or 0 for n in table.column("num_input_tokens").to_pylist())
+    summary.num_cached_tokens += sum(n or 0 for n in table.column("num_cached_tokens").to_pylist())
     summary.output_files.append(path.name)
-    progress.update(table.num_rows, tokens, num_errors)
+    progress.update(table.num_rows, tokens, num_errors, summary.prefix_cache_hit_rate)
 
 
 async def _run_local(spec, stage, tables, pending: list[Part], progress, summary) -> None:
