@@ -61,7 +61,12 @@ BENCH_DEEPSEEK_V3_CONFIG = dict(
 # experts (1.2 GB in fp32) are ~94% of the weights and a budget of a third of them still holds
 # the dense part (~80 MB) and a pool.
 BENCH_OFFLOAD_CONFIG = dict(BENCH_MODEL_CONFIG, vocab_size=8000, num_local_experts=16)
+# For prefix caching: a small Mixtral (hidden 512, 8 experts, vocabulary 2,048), where a
+# templated job's time is mostly prefill of the shared instruction.
+BENCH_PREFIX_CONFIG = dict(BENCH_MODEL_CONFIG, vocab_size=2048, hidden_size=512, intermediate_size=1408,
+                           num_attention_heads=8, num_key_value_heads=4)
 BENCH_MODELS = {"mixtral": ("bench-mixtral-206m", BENCH_MODEL_CONFIG),
+                "mixtral_small": ("bench-mixtral-small-prefix", BENCH_PREFIX_CONFIG),
                 "deepseek_v3": ("bench-deepseek-v3-mla", BENCH_DEEPSEEK_V3_CONFIG),
                 "mixtral_16e": ("bench-mixtral-16e-320m", BENCH_OFFLOAD_CONFIG)}
 
