@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--expert-parallel-size", type=int, default=1,
                         help="N > 1: spread the experts over N rank processes "
                              "(DeepSpeed-MoE all-to-all)")
+    engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                        help="rows sharing a prompt prefix share its KV (default on; "
+                             "--no-enable-prefix-caching turns it off, as in vLLM)")
     engine.add_argument("--weight-memory", type=_byte_size, default=None, metavar="SIZE",
                         help="memory for the model's weights, like 8GB or 512MiB (default: all "
                              "resident); the routed experts stream from the checkpoint through "
@@ -125,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
                                        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
                                        expert_backend=args.expert_backend,
                                        expert_parallel_size=args.expert_parallel_size,
-                                       weight_memory_bytes=args.weight_memory),
+                                       weight_memory_bytes=args.weight_memory,
+                                       enable_prefix_caching=args.enable_prefix_caching),
             prompt_column=args.prompt_column,
             prompt_template=_read_template(args.prompt_template),
             should_continue_on_error=not args.fail_on_error,

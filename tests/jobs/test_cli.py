@@ -128,6 +128,39 @@ def test_interrupted_job_resumes_with_every_row_exactly_once(tmp_path, reference
     assert not list(out.glob(".tmp-*"))
 
 
+_TRIAGE = ("You are a support triage assistant for an online shop. Read the customer ticket below and "
+           "classify it as one of: delivery delay, damaged item, wrong item, refund request, other. Reply "
+           "with the label only, in lower case, and nothing else. Ticket: {prompt}")
+
+
+@pytest.mark.timeout(300)
+def test_interrupted_templated_job_resumes_with_prefix_caching_and_the_uncached_tokens(tmp_path, demo_path):
+    rows = _rows(24)
+    engine = Engine(demo_path, EngineConfig(max_num_seqs=32, enable_prefix_caching=False))
+    outs = engine.generate([_TRIAGE.format(prompt=r["prompt"]) for r in rows],
+                           SamplingParams(max_tokens=MAX_TOKENS, temperature=0))
+    expected = {r["id"]: o.text for r, o in zip(rows, outs)}
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    args = ["run", str(inp), str(out), "--max-tokens", str(MAX_TOKENS), "--rows-per-part", "4", "--no-progress",
+            "--max-num-seqs", "4", "--prompt-template", _TRIAGE, "--output-format", "jsonl"]
+    proc = _cli(args)
+    _wait_for_parts(out, 2, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    done_before = len(list(out.glob("part-*")))
+    assert 0 < done_before < 6, "the job should have been interrupted part-way"
+    finished = _cli(args)
+    stdout, stderr = finished.communicate(timeout=240)
+    assert finished.returncode == 0, stderr.decode()
+    assert "prefix cache hit" in stdout.decode()
+    got = _read_output(out)
+    assert sorted(r["id"] for r in got) == [r["id"] for r in rows]  # each row exactly once
+    assert all(r["generated_text"] == expected[r["id"]] for r in got)
+    assert sum(r["num_cached_tokens"] > 0 for r in got) >= len(rows) // 2  # the template was shared
+
+
 @pytest.mark.timeout(300)
 def test_ray_workers_give_the_same_rows_bad_lines_included(tmp_path, reference):
     """Ray Data joins blocks of different files into batches: the job gives them one schema."""
