@@ -273,3 +273,20 @@ def test_cli_job_with_two_expert_parallel_ranks(tmp_path, demo_path):
     one, two = (pq.read_table(next((tmp_path / d).glob("part-*"))).to_pylist() for d in ("one", "two"))
     assert [r["generated_text"] for r in two] == [r["generated_text"] for r in one]
     assert all(r["__inference_error__"] is None for r in two)
+
+
+def test_each_rank_caches_prefixes_and_gives_the_uncached_tokens(tiny_checkpoint):
+    folder, _ = tiny_checkpoint("qwen3_moe")
+    template = list(range(300, 340))  # five blocks of 8
+    prompts = [template + [10 + i, 20 + i] for i in range(8)]
+    single = Engine(folder, EngineConfig(block_size=8, enable_prefix_caching=False)).generate(prompts, _greedy(8))
+    engine = Engine(folder, EngineConfig(expert_parallel_size=2, block_size=8))
+    try:
+        outs = engine.generate(prompts, _greedy(8))
+        stats = engine.stats()
+    finally:
+        engine.close()
+    assert [o.token_ids for o in outs] == [o.token_ids for o in single]
+    assert all(r.prefix_cache_hits > 0 for r in stats.ranks)  # each rank's own cache
+    assert stats.prefix_cache_hits == sum(r.prefix_cache_hits for r in stats.ranks)
+    assert sum(o.num_cached_tokens for o in outs) == stats.prefix_cache_hits
