@@ -15,7 +15,7 @@ batch's results and emits the rows. Exactly-once output follows from three rules
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +31,26 @@ _GIVEN_BACK_RESERVE_S = 1.0
 # A sequence moves at most this many times: with the cooldown and the empty-slots rule this
 # bounds ping-pong, and leaves the late stragglers (the most moved) still movable at the tail.
 _MAX_MOVES = 4
+# Cache affinity: an item's prefix key is the head of its prompt (characters of a text prompt,
+# token ids, the first chat message); each worker remembers the keys of the items it leased
+# most recently, as a stand-in for the prefixes its engine's cache holds.
+_PREFIX_KEY_CHARS = 256
+_PREFIX_KEY_TOKENS = 64
+_PREFIXES_PER_WORKER = 64
+
+
+def prefix_key(prompt: Any) -> Any:
+    """What rows sharing a prompt prefix (one instruction template) have in common: the first
+    characters of a text prompt, the first token ids, or the first chat message; None otherwise."""
+    if isinstance(prompt, str):
+        return prompt[:_PREFIX_KEY_CHARS]
+    if isinstance(prompt, (list, tuple)) and prompt:
+        first = prompt[0]
+        if isinstance(first, dict):
+            return ("messages", str(first.get("role")), str(first.get("content"))[:_PREFIX_KEY_CHARS])
+        if all(isinstance(t, int) for t in prompt[:_PREFIX_KEY_TOKENS]):
+            return tuple(prompt[:_PREFIX_KEY_TOKENS])
+    return None
 
 
 @dataclass(slots=True)
@@ -46,6 +66,7 @@ class WorkItem:
     num_moves: int = 0
     not_for: str | None = None  # the worker that gave it back does not lease it again ...
     not_for_until: float = 0.0  # ... for a while (then anyone may: no item waits on a gone worker)
+    prefix: Any = None  # ``prefix_key(prompt)``: cache affinity
 
     @property
     def movable(self) -> bool:
@@ -94,6 +115,7 @@ class WorkPool:
         self.last_seen: dict[str, float] = {}  # worker -> last lease call (who is active)
         self.loads: dict[str, _Load] = {}
         self.last_gave: dict[str, float] = {}
+        self.prefixes: dict[str, OrderedDict] = {}  # worker -> prefix keys it leased lately
         self.counters = PoolCounters()
 
     # -- owners ---------------------------------------------------------------------------------
@@ -106,7 +128,7 @@ class WorkPool:
         ids = []
         for index, (prompt, params) in enumerate(rows):
             item_id = f"{batch_key}/{index}"
-            self.items[item_id] = WorkItem(item_id, batch_key, owner, prompt, params)
+            self.items[item_id] = WorkItem(item_id, batch_key, owner, prompt, params, prefix=prefix_key(prompt))
             self.pending.append(item_id)
             ids.append(item_id)
         self.batches[batch_key] = ids
@@ -130,7 +152,9 @@ class WorkPool:
 
     def lease(self, worker: str, max_items: int, now: float, num_running: int = 0,
               free_slots: int = 0) -> list[WorkItem]:
-        """Up to ``max_items`` pending items, the longest first, the worker's own among equals.
+        """Up to ``max_items`` pending items, the longest first; among equals, those whose
+        prompt prefix the worker ran lately (its engine likely holds that prefix's KV: cache
+        affinity), then the worker's own.
 
         A worker holds at most its fair share of the outstanding work (pending plus leased, in
         estimated tokens, over the active workers, active = asked recently), so an owner does not
@@ -148,7 +172,9 @@ class WorkPool:
         # long rows start early and overlap with short ones instead of forming the job's tail
         # (longest-processing-time-first, the classic makespan rule for parallel machines).
         leasable = [i for i in self.pending if not self._kept_from(self.items[i], worker, now)]
-        leasable.sort(key=lambda i: (-self.items[i].cost, self.items[i].owner != worker))
+        mine = self.prefixes.setdefault(worker, OrderedDict())
+        leasable.sort(key=lambda i: (-self.items[i].cost, self.items[i].prefix not in mine,
+                                     self.items[i].owner != worker))
         active = sum(1 for t in self.last_seen.values() if now - t < _ACTIVE_WINDOW_S)
         held = sum(self.items[i].cost for i, lease in self.leases.items() if lease.worker == worker)
         outstanding = sum(self.items[i].cost for i in self.pending) + sum(self.items[i].cost for i in self.leases)
@@ -171,6 +197,11 @@ class WorkPool:
                 item.num_moves -= 1  # nobody took it: back where it was, it never moved
             self.leases[item_id] = _Lease(worker, now + self.lease_timeout_s)
             taken.append(item)
+            if item.prefix is not None:
+                mine[item.prefix] = None
+                mine.move_to_end(item.prefix)
+                if len(mine) > _PREFIXES_PER_WORKER:
+                    mine.popitem(last=False)
         self.counters.leased_by_worker[worker] = self.counters.leased_by_worker.get(worker, 0) + len(taken)
         return taken
 

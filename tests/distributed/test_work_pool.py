@@ -193,3 +193,25 @@ def test_leasing_for_empty_slots_packs_long_rows_near_perfectly():
     for lens in (clustered, uniform):
         steps, ideal = _simulate_packing(lens)
         assert steps <= 1.02 * ideal, (steps, ideal)
+
+
+def test_cache_affinity_hands_a_prefix_to_the_worker_that_ran_it_and_never_idles_a_worker():
+    from batchgen_data.distributed.work_pool import prefix_key
+
+    template_a, template_b = "Classify this ticket as A, B or C. " * 9, "Summarise this review in one line. " * 9
+    assert prefix_key(template_a + "row 1") == prefix_key(template_a + "row 2") != prefix_key(template_b + "row 1")
+    assert prefix_key([1, 2, 3]) == (1, 2, 3) and prefix_key([{"role": "system", "content": "x"}])[0] == "messages"
+    pool = WorkPool()
+    pool.submit("first", "w1", [(template_a + "row 0", {"max_tokens": 4})])
+    pool.submit("second", "w2", [(template_b + "row 0", {"max_tokens": 4})])
+    assert [i.prompt for i in pool.lease("w1", 1, now=0.0)] == [template_a + "row 0"]
+    assert [i.prompt for i in pool.lease("w2", 1, now=0.0)] == [template_b + "row 0"]
+    rows = [(t + f"row {i}", {"max_tokens": 4}) for i in range(1, 5) for t in (template_b, template_a)]
+    pool.submit("mixed", "w2", rows)  # interleaved, owned by w2
+    got_1 = pool.lease("w1", 4, now=0.5)
+    got_2 = pool.lease("w2", 4, now=0.5)
+    assert all(i.prompt.startswith(template_a) for i in got_1)  # w1 ran template A: it gets A's rows
+    assert all(i.prompt.startswith(template_b) for i in got_2)
+    # Affinity only orders: a worker with nothing held still gets work of another's prefix.
+    pool.submit("only-b", "w2", [(template_b + "row 9", {"max_tokens": 4})])
+    assert [i.prompt for i in pool.lease("w3", 1, now=0.6)] == [template_b + "row 9"]
