@@ -195,3 +195,25 @@ def test_identical_under_a_kv_budget_that_evicts_cached_blocks_and_suspends(tiny
     on, stats, _ = _generate(folder, prompts, caching=True, **config)
     assert on == off
     assert stats.num_suspended > 0 and stats.prefix_cache_hits > 0
+
+
+def test_an_imported_sequence_finds_its_prefix_in_the_receiving_engine(tiny_checkpoint):
+    folder, _ = tiny_checkpoint("qwen3_moe")
+    prompts = _templated_prompts(seed=2)
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    expected = [o.token_ids for o in Engine(folder, EngineConfig(block_size=8, enable_prefix_caching=False))
+                .generate(prompts[:2], params)]
+    source, target = (Engine(folder, EngineConfig(block_size=8)) for _ in range(2))
+    target.generate([prompts[0]], params)  # the receiver has computed template 0 already
+    moving = source.add_request(prompts[0], params)
+    for _ in range(3):
+        source.step()
+    assert moving.num_generated > 0
+    imported = target.import_sequence(source.export_sequence(moving))  # without KV: recomputed
+    done = {}
+    while target.has_unfinished_requests():
+        done.update({s.request_id: s for s in target.step()})
+    seq = done[imported.request_id]
+    assert seq.output_token_ids == expected[0]
+    assert seq.num_cached_tokens >= 8  # the recompute started after the cached template
+    assert target.stats().num_recomputed_tokens < seq.num_tokens - 1
