@@ -253,7 +253,7 @@ class Scheduler:
         headroom = len(self.running)  # one page of growth per running sequence
         cached: list[int] = []
         caching = self.config.enable_prefix_caching and seq.num_computed_tokens == 0
-        if caching:
+        if caching:  # looked up again here: an admission just before may have evicted blocks
             cached = self.blocks.lookup(self._prefix_hashes(seq))
         if not self.blocks.can_allocate(needed - len(cached) + self.blocks.num_free_among(cached) + headroom):
             return False
