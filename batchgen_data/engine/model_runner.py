@@ -113,7 +113,8 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden[torch.tensor(last_rows, device=device)])  # [N, V]
             sampling = [s for s, smp in zip(out.seqs, out.samples) if smp]
             result.req_ids = [s.request_id for s in sampling]
-            result.sampled_token_ids = self.sampler(logits, _sampling_batch(sampling, device)).tolist()
+            batch = _sampling_batch(sampling, device, out.grammar_rows, out.grammar_bitmask)
+            result.sampled_token_ids = self.sampler(logits, batch).tolist()
         t_end = time.perf_counter()
         self.stats.last_module_s["logits"] = t_end - t_logits
         self.stats.kernel_s += t_end - t0
@@ -179,7 +180,8 @@ class ModelRunner:
         return groups
 
 
-def _sampling_batch(seqs: list[Sequence], device: torch.device) -> SamplingBatch:
+def _sampling_batch(seqs: list[Sequence], device: torch.device, grammar_rows: list[int],
+                    grammar_bitmask) -> SamplingBatch:
     return SamplingBatch.build(
         temperatures=[s.params.temperature for s in seqs],
         top_ps=[s.params.top_p for s in seqs],
@@ -187,4 +189,6 @@ def _sampling_batch(seqs: list[Sequence], device: torch.device) -> SamplingBatch
         seeds=[s.seed for s in seqs],
         steps=[s.num_generated for s in seqs],
         device=device,
+        bitmask_rows=grammar_rows,
+        token_bitmask=grammar_bitmask,
     )

@@ -17,6 +17,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from batchgen_data.engine.structured.bitmask import apply_token_bitmask
+
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
@@ -39,11 +41,18 @@ class SamplingBatch:
     all_greedy: bool = False
     any_top_k: bool = False
     any_top_p: bool = False
+    # Structured outputs: the constrained rows and their grammar bitmasks ([n, ceil(V / 32)]
+    # int32, host), or None when no row is constrained.
+    bitmask_rows: list[int] | None = None
+    token_bitmask: np.ndarray | None = None
+    bitmask_greedy: list[bool] | None = None  # per constrained row: it samples greedily
 
     @classmethod
     def build(cls, temperatures: list[float], top_ps: list[float], top_ks: list[int], seeds: list[int],
-              steps: list[int], device: torch.device | str = "cpu") -> SamplingBatch:
-        """From per-row Python values (one list per parameter, N each)."""
+              steps: list[int], device: torch.device | str = "cpu", bitmask_rows: list[int] | None = None,
+              token_bitmask: np.ndarray | None = None) -> SamplingBatch:
+        """From per-row Python values (one list per parameter, N each), and the grammar masks of
+        the constrained rows."""
         return cls(
             temperatures=torch.tensor(temperatures, dtype=torch.float32, device=device),
             top_ps=torch.tensor(top_ps, dtype=torch.float32, device=device),
@@ -53,6 +62,9 @@ class SamplingBatch:
             all_greedy=all(t == 0.0 for t in temperatures),
             any_top_k=any(k > 0 for k, t in zip(top_ks, temperatures) if t > 0.0),
             any_top_p=any(p < 1.0 for p, t in zip(top_ps, temperatures) if t > 0.0),
+            bitmask_rows=bitmask_rows if token_bitmask is not None else None,
+            token_bitmask=token_bitmask,
+            bitmask_greedy=None if token_bitmask is None else [temperatures[r] == 0.0 for r in bitmask_rows],
         )
 
     def __len__(self) -> int:
@@ -67,7 +79,9 @@ class LogitsProcessor(Protocol):
 
 
 class Sampler:
-    """``logits -> token ids``: the logits processors in order, then ``sample``.
+    """``logits -> token ids``: the logits processors in order, the grammar bitmasks of the
+    constrained rows (structured outputs), then ``sample``; greedy, temperature, top-k, top-p
+    and seeded sampling all pick from the masked distribution.
 
     Example:
         >>> import torch
@@ -82,7 +96,13 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         for process in self.processors:
             logits = process(logits, batch)
-        return sample(logits, batch)
+        picks = None
+        if batch.token_bitmask is not None:
+            picks = apply_token_bitmask(logits, batch.token_bitmask, batch.bitmask_rows, batch.bitmask_greedy)
+        tokens = sample(logits, batch)
+        if picks is not None:  # greedy rows whose token the mask step chose among few allowed
+            tokens[picks.rows.to(tokens.device)] = picks.tokens.to(tokens.device)
+        return tokens
 
 
 def counter_uniform(seeds, steps) -> np.ndarray:

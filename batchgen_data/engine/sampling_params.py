@@ -5,7 +5,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from batchgen_data.engine.structured.params import StructuredOutputsParams
 from batchgen_data.errors import ConfigError
+
+# Ray Data LLM's name for ``structured_outputs`` (vLLM's before 0.10), accepted by ``from_dict``.
+GUIDED_DECODING_ALIAS = "guided_decoding"
 
 
 @dataclass(slots=True)
@@ -25,6 +29,10 @@ class SamplingParams:
             addition to the model's end-of-sequence tokens unless ``ignore_eos``).
         ignore_eos (bool, default False): keep generating past end-of-sequence tokens.
         skip_special_tokens (bool, default True): drop special tokens when decoding text.
+        structured_outputs (StructuredOutputsParams | dict | None, default None): a JSON schema,
+            regex, choice list or grammar the output must match (a dict of
+            ``StructuredOutputsParams`` fields is fine). The output finishes with ``"stop"`` once
+            the grammar is complete, or with ``"length"`` if ``max_tokens`` cut it short.
 
     Example:
         >>> SamplingParams(max_tokens=8, temperature=0).temperature
@@ -40,6 +48,7 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
     _stop_strings: tuple[str, ...] = field(default=(), init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -69,6 +78,8 @@ class SamplingParams:
         ids = list(self.stop_token_ids or [])
         if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
             raise ConfigError(f"stop_token_ids must be non-negative ints, got {self.stop_token_ids!r}")
+        if self.structured_outputs is not None:
+            self.structured_outputs = StructuredOutputsParams.from_value(self.structured_outputs)
 
     @property
     def is_greedy(self) -> bool:
@@ -80,11 +91,16 @@ class SamplingParams:
 
     def to_dict(self) -> dict:
         """The public fields as plain data (what ``from_dict`` takes back)."""
-        return {f: getattr(self, f) for f in self.__dataclass_fields__ if not f.startswith("_")}
+        out = {f: getattr(self, f) for f in self.__dataclass_fields__ if not f.startswith("_")}
+        if self.structured_outputs is not None:
+            out["structured_outputs"] = self.structured_outputs.to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, values: dict) -> SamplingParams:
-        """Build from a dict with vLLM / Ray Data LLM names; unknown keys are an error."""
+        """Build from a dict with vLLM / Ray Data LLM names (``guided_decoding`` is taken as
+        ``structured_outputs``); unknown keys are an error."""
+        values = normalize_structured_outputs(values)
         known = {f for f in cls.__dataclass_fields__ if not f.startswith("_")}
         unknown = sorted(set(values) - known)
         if unknown:
@@ -101,3 +117,15 @@ class SamplingParams:
             16
         """
         return cls().to_dict()
+
+
+def normalize_structured_outputs(values: dict) -> dict:
+    """``values`` with Ray Data LLM's ``guided_decoding`` renamed ``structured_outputs`` (both
+    set is an error)."""
+    if values.get(GUIDED_DECODING_ALIAS) is None:
+        return {k: v for k, v in values.items() if k != GUIDED_DECODING_ALIAS}
+    if values.get("structured_outputs") is not None:
+        raise ConfigError("give structured_outputs or guided_decoding, not both")
+    out = {k: v for k, v in values.items() if k != GUIDED_DECODING_ALIAS}
+    out["structured_outputs"] = values[GUIDED_DECODING_ALIAS]
+    return out

@@ -14,11 +14,14 @@ NOTE: one step of ``schedule()``:
      a window at the queue's head, the longest cached prefix first (ties in arrival order), and
      one whose next block a running sequence is computing right now waits for it (at most
      ``_MAX_DEFERRALS`` admissions), so siblings never compute a shared prefix twice.
+     A sequence with structured outputs is admitted only once its grammar has compiled (it
+     waits in its queue meanwhile; the step only blocks on a compile when nothing can run).
   3. Emit. The running sequences with work this step, in order, and their query lengths, are
-     COMBINED into one forward (the model runner splits attention into micro-batches).
+     COMBINED into one forward (the model runner splits attention into micro-batches); the
+     constrained ones that sample get their grammar's bitmask of allowed tokens.
 ``update()`` then applies the runner's ``ModelRunnerOutput``: keeps swapped-out KV, names the
-blocks whose KV is now complete in the prefix cache, appends sampled tokens, applies the stop
-rules and frees finished sequences.
+blocks whose KV is now complete in the prefix cache, appends sampled tokens (advancing the
+grammars), applies the stop rules and frees finished sequences.
 Per-sequence Python work here is O(1) per step; page work happens once per page of tokens.
 
 The scheduler is the only writer of its state: its queues, the sequences' statuses, block ids
@@ -38,6 +41,7 @@ from batchgen_data.config import EngineConfig
 from batchgen_data.engine.block_manager import BlockManager, block_hashes
 from batchgen_data.engine.runner_output import ModelRunnerOutput
 from batchgen_data.engine.sequence import Sequence, SequenceState, SequenceStatus
+from batchgen_data.engine.structured.manager import StructuredOutputManager
 
 
 @dataclass(slots=True)
@@ -53,6 +57,10 @@ class SchedulerOutput:
     # ...then restore host KV into the sequences' new pages. ``None``: the sequence was swapped
     # out earlier in this same step; its KV is what the runner just read.
     swap_in: list[tuple[Sequence, Any]] = field(default_factory=list)
+    # Structured outputs: positions, among the sampling sequences, of the constrained ones, and
+    # their bitmasks of allowed tokens (numpy [len(grammar_rows), ceil(V / 32)] int32).
+    grammar_rows: list[int] = field(default_factory=list)
+    grammar_bitmask: Any = None
 
     @property
     def num_tokens(self) -> int:
@@ -64,6 +72,8 @@ class SchedulerOutput:
 # a sibling computing its next block (the starvation bound).
 _ADMISSION_WINDOW_PER_SLOT = 2
 _MAX_DEFERRALS = 8
+# How long one wait for a grammar compile lasts before the scheduler looks at its queues again.
+_GRAMMAR_WAIT_S = 1.0
 
 
 @dataclass(slots=True)
@@ -85,6 +95,7 @@ class Scheduler:
         kv_bytes_per_token: int,
         eos_token_ids: frozenset[int] = frozenset(),
         detokenize: Callable[[list[int]], str] | None = None,
+        structured: StructuredOutputManager | None = None,
     ):
         self.config = config
         self.blocks = blocks
@@ -92,6 +103,8 @@ class Scheduler:
         self.kv_bytes_per_token = kv_bytes_per_token
         self.eos_token_ids = eos_token_ids
         self.detokenize = detokenize
+        self.structured = structured
+        self._failed: list[Sequence] = []  # taken out for a bad grammar; finished in ``update``
         self.waiting: deque[Sequence] = deque()
         self.suspended: list[Sequence] = []
         self.running: list[Sequence] = []
@@ -101,7 +114,15 @@ class Scheduler:
     # -- queues ---------------------------------------------------------------------------------
 
     def add(self, seq: Sequence) -> None:
+        self._attach_grammar(seq)
         self.waiting.append(seq)
+
+    def _attach_grammar(self, seq: Sequence) -> None:
+        if seq.params.structured_outputs is None:
+            return
+        if self.structured is None:
+            raise RuntimeError("a sequence with structured_outputs reached a scheduler without a grammar manager")
+        self.structured.attach(seq)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.suspended or self.running)
@@ -125,6 +146,10 @@ class Scheduler:
         swap_out: list[tuple[Sequence, list[int]]] = []
         self._extend(swap_out)
         swap_in = self._refill()
+        while not self.running and not self._failed and self._waits_for_grammar():
+            # Nothing can run until a grammar compiles: block on the compile thread.
+            StructuredOutputManager.wait_any([*self.waiting, *self.suspended], timeout_s=_GRAMMAR_WAIT_S)
+            swap_in += self._refill()
         budget = self.config.max_num_batched_tokens
         seqs, query_lens, samples = [], [], []
         # Decoders first (one token each), then prefill chunks in admission order.
@@ -138,7 +163,27 @@ class Scheduler:
                 chunk = min(pending, budget)
                 seqs.append(seq), query_lens.append(chunk), samples.append(chunk == pending)
                 budget -= chunk
-        return SchedulerOutput(seqs, query_lens, samples, swap_out, swap_in)
+        out = SchedulerOutput(seqs, query_lens, samples, swap_out, swap_in)
+        if self.structured is not None:
+            sampling = [seq for seq, smp in zip(seqs, samples) if smp]
+            out.grammar_rows = [row for row, seq in enumerate(sampling) if seq.structured is not None]
+            if out.grammar_rows:
+                out.grammar_bitmask = self.structured.bitmask([sampling[row] for row in out.grammar_rows])
+        return out
+
+    def _waits_for_grammar(self) -> bool:
+        return any(seq.structured is not None and not seq.structured.is_ready
+                   for seq in (*self.waiting, *self.suspended))
+
+    def _grammar_ready(self, seq: Sequence) -> bool:
+        """Whether a queued sequence may be admitted: unconstrained, or its grammar compiled. One
+        whose grammar failed is taken out of its queue, to finish as an error row in ``update``."""
+        if seq.structured is None or seq.structured.is_ready or self.structured.poll(seq):
+            return True
+        if seq.structured.error is not None:
+            self._take_out(seq)
+            self._failed.append(seq)
+        return False
 
     def _extend(self, swap_out: list) -> None:
         """Give each running decoder a slot for its next token, suspending when pages run out."""
@@ -193,12 +238,15 @@ class Scheduler:
             if self.config.suspend_policy == "most_progress"
             else (lambda s: s.num_tokens)
         )
-        while self.suspended and len(self.running) < target:
-            seq = self.suspended[0]
+        for seq in list(self.suspended):
+            if len(self.running) >= target:
+                break
+            if not self._grammar_ready(seq):
+                continue  # an imported sequence whose grammar is compiling (or failed)
             swapped = seq.num_computed_tokens > 0  # its KV is on host; else recomputed
             if not self._admit(seq):
                 return swap_in
-            self.suspended.pop(0)
+            self.suspended.remove(seq)
             if swapped:
                 swap_in.append((seq, seq.host_kv))
                 seq.host_kv = None
@@ -208,10 +256,14 @@ class Scheduler:
                 self.stats.num_resumed_recompute += 1
                 self.stats.num_recomputed_tokens += seq.num_tokens - 1 - seq.num_computed_tokens
         if not self.config.enable_prefix_caching:
-            while self.waiting and len(self.running) < target:
-                if not self._admit(self.waiting[0]):
+            for seq in list(self.waiting):
+                if len(self.running) >= target:
                     break
-                self.waiting.popleft()
+                if not self._grammar_ready(seq):
+                    continue
+                if not self._admit(seq):
+                    break
+                self.waiting.remove(seq)
             return swap_in
         self._admit_in_prefix_order(target)
         return swap_in
@@ -220,6 +272,7 @@ class Scheduler:
         """Admit waiting sequences longest cached prefix first; defer one whose next block a
         running sequence is computing (see the module NOTE)."""
         window = [self.waiting[i] for i in range(min(len(self.waiting), _ADMISSION_WINDOW_PER_SLOT * target))]
+        window = [seq for seq in window if self._grammar_ready(seq)]
         cached = {id(seq): len(self.blocks.lookup(self._prefix_hashes(seq))) for seq in window}
         window.sort(key=lambda seq: -cached[id(seq)])  # stable: arrival order among equals
         computing = {h for seq in self.running for h in seq.block_hashes[seq.num_registered_blocks:]}
@@ -280,6 +333,10 @@ class Scheduler:
             if kv is not None:  # not swapped back in within the same step
                 seq.host_kv = kv
         finished = []
+        for seq in self._failed:
+            seq.finish("error", now_s, error=seq.structured.error)
+            finished.append(seq)
+        self._failed.clear()
         it = iter(result.sampled_token_ids)
         caching = self.config.enable_prefix_caching
         for seq, qlen, samples in zip(out.seqs, out.query_lens, out.samples):
@@ -292,11 +349,14 @@ class Scheduler:
             seq.output_token_ids.append(token)
             if seq.first_token_s is None:
                 seq.first_token_s = now_s
-            reason = self._stop_reason(seq, token)
+            error = None if seq.structured is None else self.structured.accept(seq, token)
+            reason = "error" if error is not None else self._stop_reason(seq, token)
+            if reason is None and seq.structured is not None and self.structured.is_terminated(seq):
+                reason = "stop"  # the grammar is complete: nothing but end-of-sequence could follow
             if reason is not None:
                 self.running.remove(seq)
                 self._free_pages(seq)
-                seq.finish(reason, now_s)
+                seq.finish(reason, now_s, error=error)
                 finished.append(seq)
         return finished
 
@@ -365,6 +425,7 @@ class Scheduler:
         self._take_out(seq)
         seq.transition(SequenceStatus.EXPORTED)
         seq.host_kv = None
+        seq.structured = None  # the importing engine replays the output tokens into a new matcher
         return seq.export_state(kv if with_kv else None)
 
     def import_state(self, state: SequenceState, request_id: int, now_s: float) -> Sequence:
@@ -379,6 +440,7 @@ class Scheduler:
         if not seq.output_token_ids:
             self.add(seq)
             return seq
+        self._attach_grammar(seq)
         seq.transition(SequenceStatus.SUSPENDED)
         kv_tokens = 0 if state.kv is None else int(state.kv.shape[0])
         if 0 < kv_tokens < seq.num_tokens:

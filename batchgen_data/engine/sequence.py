@@ -17,6 +17,8 @@ from batchgen_data.engine.sampling_params import SamplingParams
 if TYPE_CHECKING:  # the scheduler imports this module and stays torch-free
     import torch
 
+    from batchgen_data.engine.structured.manager import StructuredRequest
+
 
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"  # in the waiting pool, never run
@@ -93,6 +95,10 @@ class Sequence:
     num_registered_blocks: int = 0
     num_cached_tokens: int | None = None
     num_deferrals: int = 0
+    # Structured outputs (the scheduler's): the grammar compiling, then its matcher; None for an
+    # unconstrained sequence. It is not part of the portable state: an importing engine rebuilds
+    # it by replaying the output tokens.
+    structured: StructuredRequest | None = None
 
     def transition(self, new: SequenceStatus) -> None:
         if new not in TRANSITIONS[self.status]:
@@ -138,6 +144,7 @@ class Sequence:
         self.transition(SequenceStatus.FINISHED)
         self.finish_reason, self.error, self.finished_s = reason, error, now_s
         self.host_kv = None
+        self.structured = None
 
     def export_state(self, kv: torch.Tensor | None = None) -> SequenceState:
         return SequenceState(

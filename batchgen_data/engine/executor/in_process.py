@@ -23,6 +23,7 @@ from batchgen_data.engine.offload import OffloadPlan, OffloadStats, plan_offload
 from batchgen_data.engine.runner_output import ModelRunnerOutput
 from batchgen_data.engine.scheduler import Scheduler, SchedulerOutput
 from batchgen_data.engine.sequence import EXPORTABLE, Sequence, SequenceState, SequenceStatus
+from batchgen_data.engine.structured.manager import StructuredOutputManager
 from batchgen_data.engine.stats import EngineStats
 from batchgen_data.errors import BatchGenError, ConfigError
 from batchgen_data.model import ModelConfig, MoEModel
@@ -76,6 +77,8 @@ class InProcessExecutor:
         num_blocks = _num_kv_blocks(config, running, max_model_len, block_bytes)
         self.kv_cache = self.model.new_kv_cache(num_blocks, config.block_size)
         self.blocks = BlockManager(num_blocks, config.block_size)
+        # Grammars for structured outputs (nothing is loaded until a constrained request comes).
+        self.structured = StructuredOutputManager(model_path, self.model.config.vocab_size, eos_token_ids)
         self.scheduler = Scheduler(
             dataclasses.replace(config, max_num_seqs=running) if running != config.max_num_seqs else config,
             self.blocks,
@@ -83,6 +86,7 @@ class InProcessExecutor:
             kv_bytes_per_token=block_bytes // config.block_size,
             eos_token_ids=eos_token_ids,
             detokenize=detokenize,
+            structured=self.structured,
         )
         self.runner = ModelRunner(self.model, self.kv_cache, config.attention_batch_size)
         self._num_generated = 0
@@ -197,7 +201,8 @@ class InProcessExecutor:
         )
 
     def close(self) -> None:
-        """Stop a streamed expert store's fetch thread (nothing to do for resident experts)."""
+        """Stop a streamed expert store's fetch thread and the grammar compile thread."""
+        self.structured.close()
         self.model.close()
 
 

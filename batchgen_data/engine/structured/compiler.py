@@ -1,0 +1,121 @@
+"""Constraints to grammars, compiled off the step path and cached by spec. No torch.
+
+The grammar library is llguidance (chosen by measurement: docs/structured-outputs.md). Its
+tokenizer view is built once per engine, on first use, with the model's vocabulary size (a
+checkpoint pads its vocabulary beyond the tokenizer's; the padding tokens are never allowed).
+A compiled grammar is a matcher in its start state; each sequence gets a copy of it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from batchgen_data.engine.structured.params import StructuredOutputsParams
+from batchgen_data.errors import RequestError
+
+# Distinct constraints whose compiled grammar is kept (a job usually has one or a few; one per
+# row must not grow memory without bound).
+_CACHE_SIZE = 256
+
+
+class CompiledGrammar:
+    """A constraint's grammar in its start state; ``new_matcher`` gives a sequence its own."""
+
+    def __init__(self, matcher: Any):
+        self._start = matcher  # llguidance.LLMatcher, never advanced
+
+    def new_matcher(self) -> Any:
+        return self._start.deep_copy()
+
+
+class GrammarCompiler:
+    """Compiles ``StructuredOutputsParams`` into ``CompiledGrammar``s on one background thread.
+
+    Args:
+        tokenizer_folder: the checkpoint folder holding the tokenizer files.
+        vocab_size: the model's vocabulary size (rows of its logits).
+        eos_token_ids: the tokens that end a sequence; the grammar allows them where it accepts.
+    """
+
+    def __init__(self, tokenizer_folder: str | Path, vocab_size: int, eos_token_ids: frozenset[int]):
+        self.tokenizer_folder = Path(tokenizer_folder)
+        self.vocab_size = vocab_size
+        self.eos_token_ids = sorted(eos_token_ids)
+        self._pool: ThreadPoolExecutor | None = None
+        self._tokenizer: Any = None
+        self._cache: OrderedDict[str, Future[CompiledGrammar]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def submit(self, params: StructuredOutputsParams) -> Future[CompiledGrammar]:
+        """The compiled grammar of ``params``: cached, or compiling in the background. A bad
+        constraint's future raises ``RequestError`` naming the problem."""
+        key = params.key
+        with self._lock:
+            future = self._cache.get(key)
+            if future is not None:
+                self._cache.move_to_end(key)
+                return future
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batchgen-grammar")
+            future = self._pool.submit(self._compile, params)
+            self._cache[key] = future
+            if len(self._cache) > _CACHE_SIZE:
+                self._cache.popitem(last=False)
+            return future
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    # -- on the compile thread ------------------------------------------------------------------
+
+    def _compile(self, params: StructuredOutputsParams) -> CompiledGrammar:
+        import llguidance
+
+        grammar = _to_llguidance(params)
+        matcher = llguidance.LLMatcher(self._ll_tokenizer(), grammar, log_level=0)
+        if matcher.is_error():
+            raise RequestError(f"invalid structured_outputs {params.kind}: {_one_line(matcher.get_error())}")
+        return CompiledGrammar(matcher)
+
+    def _ll_tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            import llguidance.hf
+            from transformers import AutoTokenizer
+
+            hf = AutoTokenizer.from_pretrained(str(self.tokenizer_folder))
+            self._tokenizer = llguidance.hf.from_tokenizer(hf, n_vocab=self.vocab_size,
+                                                           eos_token=self.eos_token_ids or None)
+        return self._tokenizer
+
+
+def _to_llguidance(params: StructuredOutputsParams) -> str:
+    """The constraint as an llguidance grammar (as vLLM's guidance backend writes it)."""
+    import llguidance
+
+    kind = params.kind
+    options = {"whitespace_flexible": not params.disable_any_whitespace}
+    try:
+        if kind == "json":
+            return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(params.json), defaults=options)
+        if kind == "json_object":
+            return llguidance.LLMatcher.grammar_from_json_schema('{"type": "object"}', defaults=options)
+        if kind == "regex":
+            return llguidance.grammar_from("regex", params.regex)
+        if kind == "choice":
+            return llguidance.grammar_from("choice", list(params.choice))
+        return llguidance.grammar_from("grammar", params.grammar)  # GBNF or Lark
+    except ValueError as err:
+        raise RequestError(f"invalid structured_outputs {kind}: {_one_line(str(err))}") from None
+
+
+def _one_line(message: str, limit: int = 500) -> str:
+    """A library's multi-line diagnostic as one line (it lands in an error column)."""
+    text = " ".join(message.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,130 @@
+"""Per-sequence grammar state for the scheduler: attach, wait, mask, advance. No torch.
+
+NOTE: a constrained sequence's life here:
+  attach   on ``add`` / ``import_state``: its grammar starts compiling (or comes from the cache);
+  poll     at admission: not ready -> the sequence waits in its queue without holding up the
+           step; failed -> it finishes as an error row naming the problem; ready -> it gets a
+           matcher in the start state, advanced over the tokens it has already generated (an
+           imported or resumed sequence continues where it was; nothing is lost or repeated);
+  bitmask  each step it samples: one int32 row of allowed tokens (bit t of word t // 32),
+           filled for all constrained rows at once on llguidance's threads;
+  accept   each sampled token advances the matcher; once the grammar can go no further the
+           sequence finishes with ``"stop"``.
+The matcher lives on the ``Sequence`` (``seq.structured``), so suspension with swap or
+recompute keeps it: the output tokens do not change.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from batchgen_data.engine.structured.compiler import CompiledGrammar, GrammarCompiler
+from batchgen_data.engine.structured.params import StructuredOutputsParams
+from batchgen_data.errors import BatchGenError
+
+if TYPE_CHECKING:
+    from batchgen_data.engine.sequence import Sequence
+
+
+@dataclass(slots=True, eq=False)
+class StructuredRequest:
+    """One sequence's grammar: compiling (``future``), then a matcher, or an error."""
+
+    future: Future[CompiledGrammar]
+    matcher: Any = None  # llguidance.LLMatcher once ready
+    error: str | None = None
+
+    @property
+    def is_ready(self) -> bool:
+        return self.matcher is not None
+
+
+class StructuredOutputManager:
+    """Grammar state for every constrained sequence of one scheduler (see module NOTE).
+
+    Args:
+        tokenizer_folder, vocab_size, eos_token_ids: the model's (``GrammarCompiler``).
+        num_threads: llguidance threads filling masks (default: the library's choice).
+    """
+
+    def __init__(self, tokenizer_folder: str | Path, vocab_size: int, eos_token_ids: frozenset[int],
+                 num_threads: int | None = None):
+        self.compiler = GrammarCompiler(tokenizer_folder, vocab_size, eos_token_ids)
+        self.vocab_size = vocab_size
+        self.num_words = (vocab_size + 31) // 32
+        self._num_threads = num_threads
+        self._executor: Any = None
+        self.mask_s = 0.0  # seconds spent filling masks (the benchmark's per-step mask time)
+
+    def attach(self, seq: Sequence) -> None:
+        """Start compiling the sequence's grammar (no-op for an unconstrained one)."""
+        params = seq.params.structured_outputs
+        if params is not None and seq.structured is None:
+            seq.structured = StructuredRequest(self.compiler.submit(StructuredOutputsParams.from_value(params)))
+
+    def poll(self, seq: Sequence) -> bool:
+        """Whether the sequence may run: unconstrained, or its matcher is ready. After a failed
+        compile or replay, ``seq.structured.error`` says why (the scheduler finishes it)."""
+        request = seq.structured
+        if request is None or request.is_ready:
+            return True
+        if request.error is not None or not request.future.done():
+            return False
+        try:
+            matcher = request.future.result().new_matcher()
+        except BatchGenError as err:
+            request.error = str(err)
+            return False
+        except Exception as err:  # the library's own failure on this constraint: this row's fault
+            request.error = f"structured_outputs could not be compiled: {err}"
+            return False
+        for token in seq.output_token_ids:  # replay: an imported or resumed sequence
+            if not matcher.consume_token(token):
+                request.error = f"structured_outputs: generated token {token} does not match the grammar ({matcher.get_error()})"
+                return False
+        request.matcher = matcher
+        return True
+
+    @staticmethod
+    def wait_any(seqs: list[Sequence], timeout_s: float) -> None:
+        """Block until one of these sequences' grammars has compiled (or ``timeout_s``)."""
+        futures = [s.structured.future for s in seqs if s.structured is not None and not s.structured.is_ready]
+        if futures:
+            wait(futures, timeout=timeout_s, return_when=FIRST_COMPLETED)
+
+    def bitmask(self, seqs: list[Sequence]) -> np.ndarray:
+        """[len(seqs), ceil(V / 32)] int32: each ready sequence's allowed next tokens."""
+        import llguidance
+        import llguidance.numpy as llg_numpy
+
+        if self._executor is None:
+            self._executor = llguidance.LLExecutor(num_threads=self._num_threads)
+        start = time.perf_counter()
+        mask = np.empty((len(seqs), self.num_words), dtype=np.int32)
+        llg_numpy.fill_next_token_bitmask_par(
+            self._executor, [(seq.structured.matcher, row) for row, seq in enumerate(seqs)], mask)
+        self.mask_s += time.perf_counter() - start
+        return mask
+
+    @staticmethod
+    def accept(seq: Sequence, token: int) -> str | None:
+        """Advance the sequence's matcher by its sampled token; an error message if the grammar
+        rejects it (only possible if the mask was not applied)."""
+        matcher = seq.structured.matcher
+        if not matcher.consume_token(token):
+            return f"structured_outputs: sampled token {token} does not match the grammar ({matcher.get_error()})"
+        return None
+
+    @staticmethod
+    def is_terminated(seq: Sequence) -> bool:
+        """The grammar is complete and allows no further token."""
+        return seq.structured.matcher.is_stopped()
+
+    def close(self) -> None:
+        self.compiler.close()

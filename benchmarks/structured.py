@@ -1,0 +1,240 @@
+"""Structured outputs benchmark: constrained vs unconstrained decoding at the same shapes.
+
+    BATCHGEN_DATA_CACHE=$PWD/.cache/batchgen-data .venv/bin/python benchmarks/structured.py   # ~2 min
+
+On the demo model (152k vocabulary), ``--rows`` rows x ``--max-tokens`` greedy tokens each:
+  * time per output token, unconstrained vs a JSON schema (a bounded string then an array of
+    enums: dense and sparse masks) vs a regex (sparse masks), each constraint long enough that
+    every row generates all its tokens, so the batch shapes are the same; ``--reps`` alternating
+    repetitions, the median ratio reported (target: within 10%);
+  * the per-step cost split: mask filling (llguidance) and mask applying (our kernel, and the
+    libraries' own CPU kernels for comparison);
+  * compile time per schema (after the one-off tokenizer view, also reported);
+  * well-formedness: choice, regex and schema rows that finish with "stop" match / validate.
+Writes ``structured.json`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from batchgen_data import Engine, EngineConfig, SamplingParams  # noqa: E402
+from batchgen_data.engine.structured.bitmask import apply_token_bitmask  # noqa: E402
+from batchgen_data.engine.structured.compiler import GrammarCompiler  # noqa: E402
+from batchgen_data.engine.structured.params import StructuredOutputsParams  # noqa: E402
+
+# Long enough that no row finishes before --max-tokens: the same shapes as the unconstrained run.
+# An extraction schema: an array of enums (sparse masks), a bounded integer, then free text (a
+# random model never closes the string: dense masks, nearly every token allowed).
+LONG_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "tags": {"type": "array", "items": {"type": "string", "enum": ["alpha", "beta", "gamma"]},
+                 "minItems": 6},
+        "rating": {"type": "integer", "minimum": 1, "maximum": 5},
+        "summary": {"type": "string"},
+    },
+    "required": ["tags", "rating", "summary"],
+    "additionalProperties": False,
+}
+# The same with a length-bounded string: llguidance's slowest masks (a counting lexer state).
+BOUNDED_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "minLength": 8, "maxLength": 24},
+        "tags": {"type": "array", "items": {"type": "string", "enum": ["alpha", "beta", "gamma"]},
+                 "minItems": 40},
+    },
+    "required": ["name", "tags"],
+    "additionalProperties": False,
+}
+LONG_REGEX = r"(yes|no|maybe)( (yes|no|maybe)){60}"
+CONSTRAINED_RUNS = ("json", "regex", "json_bounded")
+# For well-formedness: small constraints a random model completes within max_tokens.
+CHECK_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "label": {"type": "string", "enum": ["positive", "negative", "neutral"]},
+        "score": {"type": "integer", "minimum": 0, "maximum": 100},
+        "flagged": {"type": "boolean"},
+        "topics": {"type": "array", "items": {"type": "string", "enum": ["price", "service", "food"]},
+                   "maxItems": 3},
+    },
+    "required": ["label", "score", "flagged", "topics"],
+    "additionalProperties": False,
+}
+CHECK_REGEX = r"[A-Z]{2}-[0-9]{3}"
+CHECK_CHOICE = ["positive", "negative", "neutral"]
+SCHEMAS_TO_COMPILE = {"long": LONG_SCHEMA, "bounded": BOUNDED_SCHEMA, "check": CHECK_SCHEMA,
+                      "nested": {"type": "object", "properties": {
+                          "user": {"type": "object", "properties": {"id": {"type": "integer"},
+                                                                    "email": {"type": "string"}},
+                                   "required": ["id"]},
+                          "items": {"type": "array", "items": {"type": "object", "properties": {
+                              "sku": {"type": "string"}, "qty": {"type": "integer", "minimum": 1}}}}},
+                          "required": ["user", "items"]}}
+
+
+def timed_run(engine: Engine, prompts: list[str], params: SamplingParams) -> tuple[float, int, float]:
+    """(wall seconds, generated tokens, mask-fill seconds) of one generate call."""
+    structured = engine.executor.structured
+    fill_before = structured.mask_s
+    start = time.perf_counter()
+    outputs = engine.generate(prompts, params)
+    wall = time.perf_counter() - start
+    bad = [o for o in outputs if o.error]
+    if bad:
+        raise RuntimeError(f"benchmark row failed: {bad[0].error}")
+    return wall, sum(o.num_generated_tokens for o in outputs), structured.mask_s - fill_before
+
+
+def per_token(args, engine: Engine, prompts: list[str]) -> dict:
+    base = dict(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
+    runs = {
+        "unconstrained": SamplingParams(**base),
+        "json": SamplingParams(**base, structured_outputs={"json": LONG_SCHEMA, "disable_any_whitespace": True}),
+        "regex": SamplingParams(**base, structured_outputs={"regex": LONG_REGEX}),
+        "json_bounded": SamplingParams(**base, structured_outputs={"json": BOUNDED_SCHEMA,
+                                                                   "disable_any_whitespace": True}),
+    }
+    for params in runs.values():  # warm-up: kernels, the tokenizer view, the grammars
+        engine.generate(prompts[:4], params)
+    samples: dict[str, list[tuple[float, int, float]]] = {name: [] for name in runs}
+    for rep in range(args.reps):
+        order = list(runs) if rep % 2 == 0 else list(reversed(runs))
+        for name in order:
+            samples[name].append(timed_run(engine, prompts, runs[name]))
+    result = {}
+    steps = args.max_tokens  # one sampled token per row per step (prefill samples the first)
+    for name, reps in samples.items():
+        ms_per_token = [1e3 * wall / tokens for wall, tokens, _ in reps]
+        result[name] = {
+            "ms_per_token": ms_per_token,
+            "median_ms_per_token": statistics.median(ms_per_token),
+            "tokens": reps[0][1],
+            "fill_ms_per_step": statistics.median(1e3 * fill / steps for _, _, fill in reps),
+        }
+    for name in CONSTRAINED_RUNS:
+        ratios = [c / u for c, u in zip(result[name]["ms_per_token"], result["unconstrained"]["ms_per_token"])]
+        result[name]["ratio_vs_unconstrained"] = statistics.median(ratios)
+        result[name]["ratios"] = ratios
+    return result
+
+
+def apply_costs(rows: int, vocab: int) -> dict:
+    """Mask-apply time for ``rows`` constrained rows: ours vs the libraries' CPU kernels."""
+    rng = np.random.default_rng(0)
+    words = (vocab + 31) // 32
+    mask = np.zeros((rows, words), dtype=np.int32)
+    mask[: rows // 2] = -1  # string content: nearly everything allowed
+    mask[: rows // 2, rng.integers(0, words, 200)] = 0x0F0F0F0F
+    mask[rows // 2 :, rng.integers(0, words, 8)] = 5  # structure: a few tokens
+    logits = torch.randn(rows, vocab)
+
+    def best_of(fn, reps: int) -> float:
+        fn()
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return 1e3 * min(times)
+
+    out = {"ours_ms": best_of(lambda: apply_token_bitmask(logits.clone(), mask, list(range(rows))), 20)
+           - best_of(lambda: logits.clone(), 20)}
+    import llguidance.numpy as llg_numpy
+
+    out["llguidance_numpy_ms"] = best_of(lambda: llg_numpy.apply_token_bitmask_inplace(logits.numpy().copy(), mask), 3)
+    try:  # xgrammar is not a dependency; measured when installed
+        import xgrammar
+
+        out["xgrammar_cpu_ms"] = best_of(lambda: xgrammar.apply_token_bitmask_inplace(logits.clone(), torch.from_numpy(mask)), 3)
+    except ImportError:
+        out["xgrammar_cpu_ms"] = None
+    return out
+
+
+def compile_costs(engine: Engine) -> dict:
+    model = engine.executor.model
+    compiler = GrammarCompiler(engine.model_path, model.config.vocab_size, engine.tokenizer.eos_token_ids)
+    start = time.perf_counter()
+    compiler.submit(StructuredOutputsParams(regex="x")).result()
+    out = {"tokenizer_view_s": time.perf_counter() - start}
+    for name, schema in SCHEMAS_TO_COMPILE.items():
+        start = time.perf_counter()
+        compiler.submit(StructuredOutputsParams(json=schema)).result()
+        out[f"compile_{name}_ms"] = 1e3 * (time.perf_counter() - start)
+        start = time.perf_counter()
+        compiler.submit(StructuredOutputsParams(json=schema)).result()
+        out[f"cached_{name}_ms"] = 1e3 * (time.perf_counter() - start)
+    compiler.close()
+    return out
+
+
+def well_formed(engine: Engine, prompts: list[str]) -> dict:
+    import jsonschema
+
+    kinds = {
+        "choice": ({"choice": CHECK_CHOICE}, lambda t: t in CHECK_CHOICE),
+        "regex": ({"regex": CHECK_REGEX}, lambda t: re.fullmatch(CHECK_REGEX, t) is not None),
+        "json": ({"json": CHECK_SCHEMA, "disable_any_whitespace": True},
+                 lambda t: jsonschema.Draft202012Validator(CHECK_SCHEMA).is_valid(json.loads(t))),
+    }
+    result = {}
+    for name, (constraint, check) in kinds.items():
+        outputs = engine.generate(prompts, SamplingParams(max_tokens=48, temperature=0.7, seed=1,
+                                                          structured_outputs=constraint))
+        stopped = [o for o in outputs if o.finish_reason == "stop"]
+        result[name] = {"rows": len(outputs), "stopped": len(stopped),
+                        "well_formed": sum(1 for o in stopped if check(o.text))}
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=48)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = parser.parse_args()
+    engine = Engine("demo", EngineConfig(max_num_seqs=64))
+    prompts = [f"Row {i}: extract the fields of this customer review, number {i * 7919 % 1000}" for i in range(args.rows)]
+    result = {
+        "cpu": platform.processor() or platform.machine(),
+        "torch_threads": torch.get_num_threads(),
+        "rows": args.rows,
+        "max_tokens": args.max_tokens,
+        "per_token": per_token(args, engine, prompts),
+        "apply": apply_costs(args.rows, engine.executor.model.config.vocab_size),
+        "compile": compile_costs(engine),
+        "well_formed": well_formed(engine, prompts),
+    }
+    engine.close()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "structured.json").write_text(json.dumps(result, indent=2))
+    pt = result["per_token"]
+    print(f"{args.rows} rows x {args.max_tokens} tokens, median of {args.reps}:")
+    for name in ("unconstrained", *CONSTRAINED_RUNS):
+        ratio = pt[name].get("ratio_vs_unconstrained")
+        print(f"  {name:13s} {pt[name]['median_ms_per_token']:.3f} ms/token"
+              + (f"  {ratio:.3f}x unconstrained (min {min(pt[name]['ratios']):.3f}, max {max(pt[name]['ratios']):.3f});"
+                 f" mask fill {pt[name]['fill_ms_per_step']:.2f} ms/step" if ratio else ""))
+    print("  apply (ms per step):", {k: (round(v, 2) if v is not None else None) for k, v in result["apply"].items()})
+    print("  compile:", {k: round(v, 3) for k, v in result["compile"].items()})
+    print("  well formed:", result["well_formed"])
+
+
+if __name__ == "__main__":
+    main()
