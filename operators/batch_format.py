@@ -45,25 +45,29 @@ def to_columns(batch: Any) -> tuple[dict[str, list], int]:
     raise TypeError(f"unsupported batch type {type(batch).__name__}: use pyarrow, pandas or a dict of columns")
 
 
-def with_output_columns(batch: Any, added: dict[str, list]) -> Any:
-    """``batch`` plus the output columns, in the batch's own format."""
+def with_output_columns(batch: Any, added: dict[str, Any], extra: list[pa.Field] = ()) -> Any:
+    """``batch`` plus the output columns (``OUTPUT_SCHEMA``, then the ``extra`` fields, such as
+    the typed ``generated_json``, whose values may be Arrow arrays), in the batch's own format."""
+    schema = [*OUTPUT_SCHEMA, *extra]
+    names = [field.name for field in schema]
     if isinstance(batch, pa.Table):
-        table = batch.drop_columns([c for c in (*OUTPUT_COLUMNS, INPUT_ERROR_COLUMN) if c in batch.column_names])
-        for field in OUTPUT_SCHEMA:
-            table = table.append_column(field, pa.array(added[field.name], type=field.type))
+        table = batch.drop_columns([c for c in (*names, INPUT_ERROR_COLUMN) if c in batch.column_names])
+        for field in schema:
+            table = table.append_column(field, _as_array(added[field.name], field.type))
         return table
     if _is_pandas(batch):
         import pandas as pd
 
         frame = batch.drop(columns=[INPUT_ERROR_COLUMN], errors="ignore")
-        arrow = pa.table({f.name: pa.array(added[f.name], type=f.type) for f in OUTPUT_SCHEMA})
+        arrow = pa.table({f.name: _as_array(added[f.name], f.type) for f in schema})
         typed = arrow.to_pandas(types_mapper=pd.ArrowDtype)
-        for name in OUTPUT_COLUMNS:
+        for name in names:
             frame[name] = typed[name].values
         return frame
+    added = {k: v.to_pylist() if isinstance(v, pa.Array) else v for k, v in added.items()}
     if isinstance(batch, Mapping) and batch and all(isinstance(v, np.ndarray) for v in batch.values()):
         out = {k: v for k, v in batch.items() if k != INPUT_ERROR_COLUMN}
-        for field in OUTPUT_SCHEMA:
+        for field in schema:
             values = added[field.name]
             if pa.types.is_integer(field.type) and None not in values:
                 out[field.name] = np.asarray(values, dtype=np.int64)
@@ -76,8 +80,12 @@ def with_output_columns(batch: Any, added: dict[str, list]) -> Any:
         return out
     if isinstance(batch, Mapping):  # dicts, and datasets' LazyBatch
         kept = {k: batch[k] for k in batch.keys() if k != INPUT_ERROR_COLUMN}
-        return {**kept, **{name: list(added[name]) for name in OUTPUT_COLUMNS}}
+        return {**kept, **{name: list(added[name]) for name in names}}
     raise TypeError(f"unsupported batch type {type(batch).__name__}")
+
+
+def _as_array(values: Any, type_: pa.DataType) -> pa.Array:
+    return values if isinstance(values, pa.Array) else pa.array(values, type=type_)
 
 
 def _is_pandas(batch: Any) -> bool:

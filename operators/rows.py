@@ -15,7 +15,8 @@ from typing import Any
 
 from batchgen_data.config import EngineConfig
 from batchgen_data.engine.outputs import GenerationOutput
-from batchgen_data.engine.sampling_params import SamplingParams
+from batchgen_data.engine.sampling_params import SamplingParams, normalize_structured_outputs
+from batchgen_data.engine.structured.params import StructuredOutputsParams
 from batchgen_data.errors import BatchGenError, ConfigError
 
 PROMPT_COLUMNS = ("prompt", "messages", "prompt_token_ids")
@@ -60,9 +61,12 @@ class StageConfig:
         should_continue_on_error (bool, default True): a bad row becomes an error row; False
             raises instead.
         max_tokens, temperature, top_p, top_k, seed, stop, stop_token_ids, ignore_eos,
-            skip_special_tokens: defaults for rows without their own ``sampling_params``, with
-            vLLM's names and defaults (``max_tokens`` 16, ``top_p`` 1.0, ...) except
-            ``temperature``, 0 (greedy) here; see ``STAGE_SAMPLING_DEFAULTS``.
+            skip_special_tokens, structured_outputs: defaults for rows without their own
+            ``sampling_params``, with vLLM's names and defaults (``max_tokens`` 16, ``top_p``
+            1.0, ...) except ``temperature``, 0 (greedy) here; see ``STAGE_SAMPLING_DEFAULTS``.
+            A ``structured_outputs`` JSON schema for an object also adds the typed
+            ``generated_json`` column (see ``json_column.py``); a row's own
+            ``structured_outputs`` or ``guided_decoding`` replaces the default.
         json_columns (list[str] | None, default None): columns holding JSON text, decoded to
             Python values before validation. A reader stores a column this way when its values
             have no single Arrow type (a ``sampling_params`` that is a string in one row and an
@@ -88,6 +92,7 @@ class StageConfig:
     stop_token_ids: list[int] | None = STAGE_SAMPLING_DEFAULTS["stop_token_ids"]
     ignore_eos: bool = STAGE_SAMPLING_DEFAULTS["ignore_eos"]
     skip_special_tokens: bool = STAGE_SAMPLING_DEFAULTS["skip_special_tokens"]
+    structured_outputs: StructuredOutputsParams | dict | None = STAGE_SAMPLING_DEFAULTS["structured_outputs"]
     json_columns: list[str] | None = None
 
     def __post_init__(self) -> None:
@@ -270,9 +275,10 @@ def _row_params(value: Any, defaults: SamplingParams) -> SamplingParams:
     if not isinstance(value, dict):
         raise RowError(f"sampling_params must be a dict, got {type(value).__name__}")
     merged = defaults.to_dict()
-    # Arrow structs give every key (null where a row did not set it): null means "default".
-    merged.update({k: _coerce(k, v) for k, v in value.items() if not _is_null(v)})
     try:
+        # Arrow structs give every key (null where a row did not set it): null means "default".
+        own = normalize_structured_outputs({k: _coerce(k, v) for k, v in value.items() if not _is_null(v)})
+        merged.update(own)
         return SamplingParams.from_dict(merged)
     except ConfigError as err:
         raise RowError(f"invalid sampling_params: {err}") from None

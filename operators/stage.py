@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchgen_data.engine.sampling_params import SamplingParams
+import pyarrow as pa
 from batchgen_data.operators.batch_format import to_columns, with_output_columns
+from batchgen_data.operators.json_column import GENERATED_JSON_COLUMN, json_column_type, json_column_values
 from batchgen_data.operators.rows import (
     PreparedRow,
     RowResult,
@@ -59,4 +61,17 @@ def finish_batch(prepared: PreparedBatch, results: list[RowResult], config: Stag
         for row in prepared.rows
     ]
     check_errors(prepared.rows, all_results, config)
-    return with_output_columns(prepared.batch, output_columns(all_results))
+    added, typed = output_columns(all_results), []
+    schema = job_json_schema(config)
+    if schema is not None:  # the typed generated_json column
+        field = pa.field(GENERATED_JSON_COLUMN, json_column_type(schema))
+        added[field.name] = json_column_values(added["generated_text"], added["finish_reason"], field.type)
+        typed.append(field)
+    return with_output_columns(prepared.batch, added, typed)
+
+
+def job_json_schema(config: StageConfig) -> dict | None:
+    """The stage's default ``structured_outputs`` JSON schema when it describes an object: the
+    schema of the ``generated_json`` column."""
+    constraint = config.default_params().structured_outputs
+    return None if constraint is None else constraint.object_schema

@@ -66,6 +66,20 @@ def build_parser() -> argparse.ArgumentParser:
                           help="a stop string (repeatable)")
     sampling.add_argument("--ignore-eos", action="store_true", default=defaults["ignore_eos"],
                           help="keep generating past end-of-sequence tokens")
+    structured = run.add_argument_group(
+        "structured outputs (rows may override with sampling_params.structured_outputs or "
+        "guided_decoding)")
+    constraint = structured.add_mutually_exclusive_group()
+    constraint.add_argument("--json-schema", default=None, metavar="FILE|JSON",
+                            help="outputs follow this JSON schema (a file, or the schema's text); "
+                                 "for an object, a typed generated_json column is added")
+    constraint.add_argument("--choice", default=None, metavar="A,B,C",
+                            help="each output is exactly one of these comma-separated strings")
+    constraint.add_argument("--regex", default=None, help="each output matches this regular expression")
+    constraint.add_argument("--grammar", default=None, metavar="FILE|EBNF",
+                            help="outputs follow this EBNF grammar (GBNF or Lark; a file, or its text)")
+    structured.add_argument("--disable-any-whitespace", action="store_true",
+                            help="JSON without whitespace between tokens (shorter; small models)")
     engine = run.add_argument_group("engine")
     engine.add_argument("--device", default="auto")
     engine.add_argument("--dtype", default="auto")
@@ -110,6 +124,23 @@ def _read_template(value: str | None) -> str | None:
     return value
 
 
+def _structured_outputs(args: argparse.Namespace) -> dict | None:
+    """The job-wide ``structured_outputs`` the flags ask for (validated by ``StageConfig``)."""
+    if args.json_schema is not None:
+        constraint = {"json": _read_template(args.json_schema)}
+    elif args.choice is not None:
+        constraint = {"choice": [c for c in args.choice.split(",") if c]}
+    elif args.regex is not None:
+        constraint = {"regex": args.regex}
+    elif args.grammar is not None:
+        constraint = {"grammar": _read_template(args.grammar)}
+    else:
+        return None
+    if args.disable_any_whitespace:
+        constraint["disable_any_whitespace"] = True
+    return constraint
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -135,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             should_continue_on_error=not args.fail_on_error,
             max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
             top_k=args.top_k, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos,
+            structured_outputs=_structured_outputs(args),
         )
         if args.rows_per_part < 1 or args.workers < 1:
             raise BatchGenError(f"--rows-per-part and --workers must be >= 1, "
