@@ -278,10 +278,30 @@ def _row_params(value: Any, defaults: SamplingParams) -> SamplingParams:
     try:
         # Arrow structs give every key (null where a row did not set it): null means "default".
         own = normalize_structured_outputs({k: _coerce(k, v) for k, v in value.items() if not _is_null(v)})
+        if isinstance(own.get("structured_outputs"), dict):
+            own["structured_outputs"] = _arrow_constraint(own["structured_outputs"])
         merged.update(own)
         return SamplingParams.from_dict(merged)
     except ConfigError as err:
         raise RowError(f"invalid sampling_params: {err}") from None
+
+
+def _arrow_constraint(constraint: dict) -> dict:
+    """A row's constraint as Arrow hands it over: a struct gives every field of the column (null
+    where this row's value has none), so a JSON schema object loses its null-valued keys (a
+    schema keyword is never null; ``"const": null`` is the one loss, and rare)."""
+    constraint = {k: v for k, v in constraint.items() if not _is_null(v)}
+    if isinstance(constraint.get("json"), dict):
+        constraint["json"] = _drop_nulls(constraint["json"])
+    return constraint
+
+
+def _drop_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _drop_nulls(v) for k, v in value.items() if not _is_null(v)}
+    if isinstance(value, list):
+        return [_drop_nulls(v) for v in value]
+    return value
 
 
 def _is_null(value: Any) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -229,3 +230,30 @@ def test_sampling_flags_default_to_the_stages_defaults_and_say_so(capsys):
         build_parser().parse_args(["run", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert f"most tokens to generate per row (default {SamplingParams().max_tokens})" in help_text
+
+
+@pytest.mark.parametrize("flag", ["--json-schema", "--choice", "--regex"])
+def test_structured_output_flags_and_the_typed_json_column(tmp_path, flag):
+    from structured_rows import CHOICE, REGEX, SCHEMA, check_generated_json
+
+    rows = [{"id": i, "prompt": f"Review {i}: the soup was {'cold' if i % 2 else 'great'}."} for i in range(6)]
+    rows[2]["sampling_params"] = {"max_tokens": 1}  # cut short (a choice may take one token)
+    with open(tmp_path / "in.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    (tmp_path / "schema.json").write_text(json.dumps(SCHEMA))
+    value = {"--json-schema": str(tmp_path / "schema.json"), "--choice": ",".join(CHOICE), "--regex": REGEX}[flag]
+    assert main(["run", str(tmp_path / "in.jsonl"), str(tmp_path / "out"), flag, value, "--disable-any-whitespace",
+                 "--max-tokens", "48", *ENGINE_ARGS]) == 0
+    out = sorted(_read_output(tmp_path / "out"), key=lambda r: r["id"])
+    assert [r["id"] for r in out] == list(range(6))
+    assert out[2]["finish_reason"] == "length" or flag == "--choice"
+    stopped = [r for r in out if r["finish_reason"] == "stop"]
+    assert len(stopped) >= 5
+    if flag == "--json-schema":
+        schema = pq.read_schema(next((tmp_path / "out").glob("part-*.parquet")))
+        assert pa.types.is_struct(schema.field("generated_json").type)
+        check_generated_json(out)
+    else:
+        assert "generated_json" not in out[0]
+        assert all(r["generated_text"] in CHOICE if flag == "--choice" else re.fullmatch(REGEX, r["generated_text"])
+                   for r in stopped)

@@ -46,3 +46,22 @@ def test_iterable_dataset_map(dataset, demo_path, reference_outputs):
     rows = list(iterable.map(_fn(demo_path), batched=True, batch_size=4))
     assert sorted(r["id"] for r in rows) == sorted(dataset["id"])
     check_output_rows(rows, reference_outputs)
+
+
+def test_typed_generated_json_column_through_datasets(demo_path):
+    import pyarrow as pa
+    from structured_rows import SCHEMA, check_generated_json
+
+    from batchgen_data.operators.json_column import json_column_type
+
+    rows = [{"prompt": f"Review {i}: the soup was cold."} for i in range(6)]
+    rows[1]["prompt"] = ""  # an error row: null
+    fn = BatchGenMap(model=str(demo_path), engine_config=ENGINE_CONFIG, max_tokens=48,
+                     structured_outputs={"json": SCHEMA, "disable_any_whitespace": True})
+    ds = datasets.Dataset.from_list(rows).with_format("arrow")  # arrow batches keep the column's type
+    out = ds.map(fn, batched=True, batch_size=3)
+    assert out.features["generated_json"] == datasets.Features.from_arrow_schema(
+        pa.schema([("generated_json", json_column_type(SCHEMA))]))["generated_json"]
+    result = out.with_format(None).to_list()
+    assert result[1]["finish_reason"] == "error"
+    check_generated_json(result)

@@ -98,3 +98,10 @@ def test_engine_death_restarts_the_actor_and_retries_the_batch(ray_cluster, demo
     assert (tmp_path / "died").exists()
     assert sorted(r["id"] for r in out) == sorted(r["id"] for r in rows)  # each row exactly once
     check_output_rows(out, reference_outputs)
+
+
+def test_guided_decoding_rows_through_ray_data(ray_cluster, demo_path):
+    from structured_rows import check_guided_rows, guided_rows
+
+    out = _run(ray.data.from_items(guided_rows()), demo_path, batch_size=4).take_all()
+    check_guided_rows(out)
