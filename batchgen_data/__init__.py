@@ -23,6 +23,7 @@ _EXPORTS = {
     "EngineStats": "batchgen_data.engine.stats",
     "GenerationOutput": "batchgen_data.engine.outputs",
     "SamplingParams": "batchgen_data.engine.sampling_params",
+    "StructuredOutputsParams": "batchgen_data.engine.structured.params",
     "BatchGenOperator": "batchgen_data.operators",
     "BatchGenMap": "batchgen_data.operators",
 }
@@ -39,6 +40,7 @@ __all__ = [
     "GenerationOutput",
     "RequestError",
     "SamplingParams",
+    "StructuredOutputsParams",
 ]
 
 if TYPE_CHECKING:
@@ -47,6 +49,7 @@ if TYPE_CHECKING:
     from batchgen_data.engine.outputs import GenerationOutput
     from batchgen_data.engine.sampling_params import SamplingParams
     from batchgen_data.engine.stats import EngineStats
+    from batchgen_data.engine.structured.params import StructuredOutputsParams
     from batchgen_data.errors import (
         BatchGenError,
         CheckpointError,

@@ -23,6 +23,7 @@ import datasets_map  # noqa: E402
 import prompts  # noqa: E402
 import quickstart  # noqa: E402
 import ray_pipeline  # noqa: E402
+import structured_triage  # noqa: E402
 
 MAX_TOKENS = 16
 TICKET_IDS = sorted(t["ticket_id"] for t in prompts.load_tickets())
@@ -132,3 +133,18 @@ def test_pipelines_agree_on_every_ticket(ray_rows, datasets_rows, notebook_rows,
             assert row["prompt"] == expected["prompt"], (name, ticket_id)
             assert row["generated_text"] == expected["generated_text"], (name, ticket_id)
             assert list(row["generated_tokens"]) == list(expected["generated_tokens"]), name
+
+
+def test_structured_triage_example_gives_labels_and_typed_columns():
+    import jsonschema
+
+    tickets = prompts.load_tickets()[:6]
+    labels = structured_triage.classify(structured_triage.Engine("demo"), tickets)
+    assert all(label in structured_triage.URGENCY for label in labels)
+    table = structured_triage.extract(tickets)
+    schema = json.loads((EXAMPLES_DIR / "data" / "triage_schema.json").read_text())
+    assert set(table.features["generated_json"]) == set(schema["properties"])
+    for row in table:
+        assert row["finish_reason"] == "stop", row
+        jsonschema.validate(row["generated_json"], schema)
+        assert row["generated_json"] == json.loads(row["generated_text"])
