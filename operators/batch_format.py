@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from batchgen_data.operators.rows import INPUT_ERROR_COLUMN, OUTPUT_COLUMNS
+from batchgen_data.operators.rows import INPUT_ERROR_COLUMN
 
 OUTPUT_SCHEMA = pa.schema(
     [

@@ -7,7 +7,12 @@ import pytest
 import torch
 
 from batchgen_data.engine.sampler import Sampler, SamplingBatch, first_argmax
-from batchgen_data.engine.structured.bitmask import apply_token_bitmask, reference_masked
+from batchgen_data.engine.structured.bitmask import (
+    _unpack_disallowed_cpu,
+    _unpack_disallowed_device,
+    apply_token_bitmask,
+    reference_masked,
+)
 
 VOCAB = 300  # not a multiple of 32: the last word has padding bits
 
@@ -77,3 +82,9 @@ def test_sampler_samples_only_allowed_tokens():
                                     list(range(n)), [step] * n, bitmask_rows=list(range(n)), token_bitmask=mask)
         tokens = Sampler()(torch.randn(n, VOCAB), batch)
         assert all(allowed[i, t] for i, t in enumerate(tokens.tolist()))
+
+
+def test_device_unpacking_matches_the_cpu_one():
+    """The CUDA path's shift-based unpacking (run here on CPU tensors) equals numpy's."""
+    mask = _masks(np.random.default_rng(2), 7)
+    assert torch.equal(_unpack_disallowed_device(torch.from_numpy(mask)), _unpack_disallowed_cpu(mask))

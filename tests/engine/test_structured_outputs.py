@@ -174,3 +174,10 @@ def test_constrained_sequence_migrates_mid_generation(folder, engine, with_kv):
         texts = [target.to_output(imported[i]) if i in imported else source.to_output(s) for i, s in enumerate(seqs)]
     assert [t.text for t in texts] == expected
     assert all(t.finish_reason == "stop" and _valid_json(t.text) for t in texts)
+
+
+def test_stop_strings_still_apply_to_constrained_rows(engine):
+    regex = r"[a-z]{3} [a-z]{3} [a-z]{3}"
+    [free, stopped] = engine.generate(PROMPTS[:1] * 2, [_params({"regex": regex}), _params({"regex": regex}, stop=" ")])
+    assert re.fullmatch(regex, free.text)
+    assert stopped.finish_reason == "stop" and stopped.text == free.text.split(" ")[0]

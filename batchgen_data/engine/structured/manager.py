@@ -17,32 +17,19 @@ recompute keeps it: the output tokens do not change.
 from __future__ import annotations
 
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, wait
-from dataclasses import dataclass
+from concurrent.futures import FIRST_COMPLETED, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from batchgen_data.engine.structured.compiler import CompiledGrammar, GrammarCompiler
+from batchgen_data.engine.structured.compiler import GrammarCompiler
 from batchgen_data.engine.structured.params import StructuredOutputsParams
+from batchgen_data.engine.structured.request import StructuredRequest
 from batchgen_data.errors import BatchGenError
 
 if TYPE_CHECKING:
     from batchgen_data.engine.sequence import Sequence
-
-
-@dataclass(slots=True, eq=False)
-class StructuredRequest:
-    """One sequence's grammar: compiling (``future``), then a matcher, or an error."""
-
-    future: Future[CompiledGrammar]
-    matcher: Any = None  # llguidance.LLMatcher once ready
-    error: str | None = None
-
-    @property
-    def is_ready(self) -> bool:
-        return self.matcher is not None
 
 
 class StructuredOutputManager:
