@@ -11,7 +11,7 @@ On the demo model (152k vocabulary), ``--rows`` rows x ``--max-tokens`` greedy t
     libraries' own CPU kernels for comparison);
   * compile time per schema (after the one-off tokenizer view, also reported);
   * well-formedness: choice, regex and schema rows that finish with "stop" match / validate.
-Writes ``structured.json`` under ``--out``.
+Writes ``structured-cpu.json`` under ``--out`` (default ``docs/results``).
 """
 
 from __future__ import annotations
@@ -220,7 +220,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=48)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--out", type=Path, default=Path("docs/results"))
     args = parser.parse_args()
     engine = Engine("demo", EngineConfig(max_num_seqs=64))
     prompts = [f"Row {i}: extract the fields of this customer review, number {i * 7919 % 1000}" for i in range(args.rows)]
@@ -236,7 +236,7 @@ def main() -> None:
     }
     engine.close()
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "structured.json").write_text(json.dumps(result, indent=2))
+    (args.out / "structured-cpu.json").write_text(json.dumps(result, indent=2))
     pt = result["per_token"]
     print(f"{args.rows} rows x {args.max_tokens} tokens, median of {args.reps}:")
     for name in ("unconstrained", *CONSTRAINED_RUNS):
