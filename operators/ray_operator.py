@@ -51,12 +51,15 @@ class BatchGenOperator:
             write this actor's engine timeline and counters to ``stats_dir/actor-<pid>.json``.
         **sampling_defaults: ``max_tokens`` (default 16), ``temperature`` (default 0, greedy),
             ``top_p``, ``top_k``, ``seed``, ``stop``, ``stop_token_ids``, ``ignore_eos``,
-            ``skip_special_tokens`` for rows without ``sampling_params`` (see ``StageConfig``).
+            ``skip_special_tokens``, ``structured_outputs`` for rows without
+            ``sampling_params`` (see ``StageConfig``); a row's ``sampling_params`` may carry
+            ``structured_outputs`` or Ray Data LLM's ``guided_decoding``.
 
     Output columns: ``generated_text``, ``generated_tokens``, ``num_input_tokens``,
     ``num_generated_tokens``, ``num_cached_tokens`` (prompt tokens whose KV came from the prefix
     cache), ``finish_reason``, ``time_taken_llm`` and ``__inference_error__``
-    (always present, null on success). Every other column passes through; one output row per
+    (always present, null on success); with a default ``structured_outputs`` JSON schema for an
+    object, also ``generated_json``, typed from the schema (``json_column.py``). Every other column passes through; one output row per
     input row, in input order.
 
     Reading files is the reader's choice here: ``ray.data.read_json`` / ``read_csv`` stop the
