@@ -14,6 +14,11 @@ import numpy as np
 import pyarrow as pa
 from batchgen_data.operators.rows import INPUT_ERROR_COLUMN
 
+# One position's logprobs: {token_id: Logprob} as an Arrow map (read it back as dicts with
+# ``to_pylist(maps_as_pydicts="strict")``).
+LOGPROBS_TYPE = pa.list_(pa.map_(pa.int64(), pa.struct(
+    [("logprob", pa.float64()), ("rank", pa.int64()), ("decoded_token", pa.string())])))
+
 OUTPUT_SCHEMA = pa.schema(
     [
         ("generated_text", pa.string()),
@@ -21,6 +26,8 @@ OUTPUT_SCHEMA = pa.schema(
         ("num_input_tokens", pa.int64()),
         ("num_generated_tokens", pa.int64()),
         ("num_cached_tokens", pa.int64()),
+        ("logprobs", LOGPROBS_TYPE),
+        ("prompt_logprobs", LOGPROBS_TYPE),
         ("finish_reason", pa.string()),
         ("time_taken_llm", pa.float64()),
         ("__inference_error__", pa.string()),

@@ -31,6 +31,8 @@ OUTPUT_COLUMNS = (
     "num_input_tokens",
     "num_generated_tokens",
     "num_cached_tokens",
+    "logprobs",
+    "prompt_logprobs",
     "finish_reason",
     "time_taken_llm",
     ERROR_COLUMN,
@@ -61,7 +63,8 @@ class StageConfig:
         should_continue_on_error (bool, default True): a bad row becomes an error row; False
             raises instead.
         max_tokens, temperature, top_p, top_k, seed, stop, stop_token_ids, ignore_eos,
-            skip_special_tokens, structured_outputs: defaults for rows without their own
+            skip_special_tokens, logprobs, prompt_logprobs, structured_outputs: defaults for rows
+            without their own
             ``sampling_params``, with vLLM's names and defaults (``max_tokens`` 16, ``top_p``
             1.0, ...) except ``temperature``, 0 (greedy) here; see ``STAGE_SAMPLING_DEFAULTS``.
             A ``structured_outputs`` JSON schema for an object also adds the typed
@@ -92,6 +95,8 @@ class StageConfig:
     stop_token_ids: list[int] | None = STAGE_SAMPLING_DEFAULTS["stop_token_ids"]
     ignore_eos: bool = STAGE_SAMPLING_DEFAULTS["ignore_eos"]
     skip_special_tokens: bool = STAGE_SAMPLING_DEFAULTS["skip_special_tokens"]
+    logprobs: int | None = STAGE_SAMPLING_DEFAULTS["logprobs"]
+    prompt_logprobs: int | None = STAGE_SAMPLING_DEFAULTS["prompt_logprobs"]
     structured_outputs: StructuredOutputsParams | dict | None = STAGE_SAMPLING_DEFAULTS["structured_outputs"]
     json_columns: list[str] | None = None
 
@@ -126,6 +131,9 @@ class RowResult:
     num_input_tokens: int | None = None
     num_generated_tokens: int | None = None
     num_cached_tokens: int | None = None  # prompt tokens whose KV came from the prefix cache
+    # As Ray Data LLM gives them: per position {token_id: {"logprob", "rank", "decoded_token"}}
+    logprobs: list[dict] | None = None
+    prompt_logprobs: list[dict | None] | None = None
     finish_reason: str | None = None
     time_taken_llm: float | None = None
     error: str | None = None
@@ -138,6 +146,8 @@ class RowResult:
             num_input_tokens=out.num_input_tokens,
             num_generated_tokens=out.num_generated_tokens,
             num_cached_tokens=out.num_cached_tokens if out.error is None else None,
+            logprobs=_plain_logprobs(out.logprobs),
+            prompt_logprobs=_plain_logprobs(out.prompt_logprobs),
             finish_reason=out.finish_reason,
             time_taken_llm=out.timings.finished_s,
             error=out.error,
@@ -146,6 +156,16 @@ class RowResult:
     @classmethod
     def failed(cls, error: str) -> RowResult:
         return cls(finish_reason="error", generated_tokens=[], num_generated_tokens=0, error=error)
+
+
+def _plain_logprobs(positions: list | None) -> list | None:
+    """``GenerationOutput`` logprobs as plain data: ``{token_id: {"logprob", "rank",
+    "decoded_token"}}`` per position (``dataclasses.asdict`` of vLLM's ``Logprob``), None kept."""
+    if positions is None:
+        return None
+    return [None if entry is None else
+            {token: {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token}
+             for token, lp in entry.items()} for entry in positions]
 
 
 class RowError(BatchGenError, ValueError):
@@ -341,6 +361,8 @@ def output_columns(results: list[RowResult]) -> dict[str, list]:
         "num_input_tokens": [r.num_input_tokens for r in results],
         "num_generated_tokens": [r.num_generated_tokens for r in results],
         "num_cached_tokens": [r.num_cached_tokens for r in results],
+        "logprobs": [r.logprobs for r in results],
+        "prompt_logprobs": [r.prompt_logprobs for r in results],
         "finish_reason": [r.finish_reason for r in results],
         "time_taken_llm": [r.time_taken_llm for r in results],
         ERROR_COLUMN: [r.error for r in results],

@@ -66,6 +66,7 @@ class Engine:
         self._num_finished = 0
         self._busy_s = 0.0
         self._timeline = StepTimeline(self._now)
+        self._token_texts: dict[int, str] = {}
 
     def _make_executor(self, model_config: ModelConfig) -> Executor:
         if self.config.expert_parallel_size > 1:
@@ -205,12 +206,22 @@ class Engine:
             error=seq.error,
             prompt_token_ids=list(seq.prompt_token_ids),
             num_cached_tokens=seq.num_cached_tokens or 0,
+            logprobs=None if seq.logprobs is None else [e.to_dict(self._decode_token) for e in seq.logprobs],
+            prompt_logprobs=None if seq.prompt_logprobs is None else [
+                None if e is None else e.to_dict(self._decode_token) for e in seq.prompt_logprobs],
             timings=RequestTimings(
                 queued_s=seq.arrival_s,
                 first_token_s=None if seq.first_token_s is None else seq.first_token_s - seq.arrival_s,
                 finished_s=None if seq.finished_s is None else seq.finished_s - seq.arrival_s,
             ),
         )
+
+    def _decode_token(self, token_id: int) -> str:
+        """One token's text (a logprob's ``decoded_token``), cached: a job decodes few distinct ones."""
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self._token_texts[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return text
 
     # -- MIGRATE --------------------------------------------------------------------------------
 

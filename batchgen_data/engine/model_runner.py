@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from batchgen_data.engine.logprob_capture import token_logprobs
 from batchgen_data.engine.runner_output import ModelRunnerOutput
 from batchgen_data.engine.sampler import Sampler, SamplingBatch
 from batchgen_data.engine.scheduler import SchedulerOutput
@@ -31,6 +32,9 @@ from batchgen_data.model.model import ForwardTrace
 
 # Largest padded/real attention area accepted when grouping prefill chunks into a micro-batch.
 _MAX_PADDING = 1.5
+# Prompt positions whose logits are computed at once for prompt_logprobs (bounds the [rows, V]
+# logits: 256 rows of a 152k vocabulary are 156 MB in fp32).
+_PROMPT_LOGPROB_ROWS = 256
 
 
 @dataclass(slots=True)
@@ -89,11 +93,13 @@ class ModelRunner:
                 self.stats.num_idle_forwards += 1
             return result
         device = self.model.device
-        input_ids, metas, sample_rows = [], [], []
+        input_ids, metas, sample_rows, prompt_rows = [], [], [], []
         for group in self._micro_batches(out):
             seqs = [out.seqs[i] for i in group]
             qlens = [out.query_lens[i] for i in group]
             for i, seq, qlen in zip(group, seqs, qlens):
+                if seq.params.prompt_logprobs is not None:
+                    prompt_rows += _prompt_logprob_rows(seq, qlen, len(input_ids))
                 input_ids += seq.token_ids_range(seq.num_computed_tokens, seq.num_computed_tokens + qlen)
                 if out.samples[i]:
                     sample_rows.append((i, len(input_ids) - 1))
@@ -114,13 +120,32 @@ class ModelRunner:
             sampling = [s for s, smp in zip(out.seqs, out.samples) if smp]
             result.req_ids = [s.request_id for s in sampling]
             batch = _sampling_batch(sampling, device, out.grammar_rows, out.grammar_bitmask)
-            result.sampled_token_ids = self.sampler(logits, batch).tolist()
+            sampled = self.sampler(logits, batch)
+            result.sampled_token_ids = sampled.token_ids.tolist()
+            result.logprobs = sampled.logprobs
+        if prompt_rows:
+            result.prompt_logprobs = self._prompt_logprobs(hidden, prompt_rows)
         t_end = time.perf_counter()
         self.stats.last_module_s["logits"] = t_end - t_logits
         self.stats.kernel_s += t_end - t0
         self.stats.num_forwards += 1
         self.stats.num_tokens += len(input_ids)
         return result
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, rows: list[tuple[int, int, int, int, int]]) -> dict:
+        """``{request_id: (first prompt index, [TokenLogprobs...])}`` for the prompt positions of
+        this forward (rows: request id, prompt index of the predicted token, hidden row, that
+        token, k)."""
+        found: dict[int, tuple[int, list]] = {}
+        for start in range(0, len(rows), _PROMPT_LOGPROB_ROWS):
+            chunk = rows[start : start + _PROMPT_LOGPROB_ROWS]
+            index = torch.tensor([r[2] for r in chunk], device=hidden.device)
+            logits = self.model.compute_logits(hidden[index])  # [m, V]
+            values = token_logprobs(logits, torch.tensor([r[3] for r in chunk]), [r[4] for r in chunk])
+            for (request_id, position, *_), value in zip(chunk, values):
+                _, entries = found.setdefault(request_id, (position, []))
+                entries.append(value)
+        return found
 
     def read_kv(self, seq: Sequence) -> torch.Tensor:
         """A running sequence's computed KV, out of its pages (MIGRATE with KV)."""
@@ -180,6 +205,17 @@ class ModelRunner:
         return groups
 
 
+def _prompt_logprob_rows(seq: Sequence, qlen: int, base: int) -> list[tuple[int, int, int, int, int]]:
+    """The rows of this chunk whose hidden state predicts a prompt token not yet given a logprob:
+    position p predicts prompt token p + 1 (entry 0 is None, so ``len(seq.prompt_logprobs)`` is
+    the next token due)."""
+    start = seq.num_computed_tokens
+    due = len(seq.prompt_logprobs) if seq.prompt_logprobs else 1
+    prompt, k = seq.prompt_token_ids, seq.params.prompt_logprobs
+    end = min(start + qlen, len(prompt) - 1)
+    return [(seq.request_id, p + 1, base + p - start, prompt[p + 1], k) for p in range(max(start, due - 1), end)]
+
+
 def _sampling_batch(seqs: list[Sequence], device: torch.device, grammar_rows: list[int],
                     grammar_bitmask) -> SamplingBatch:
     return SamplingBatch.build(
@@ -191,4 +227,5 @@ def _sampling_batch(seqs: list[Sequence], device: torch.device, grammar_rows: li
         device=device,
         bitmask_rows=grammar_rows,
         token_bitmask=grammar_bitmask,
+        logprobs=[s.params.logprobs for s in seqs] if any(s.params.logprobs is not None for s in seqs) else None,
     )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from batchgen_data.engine.logprobs import Logprob
+
 
 @dataclass(slots=True)
 class RequestTimings:
@@ -20,7 +22,9 @@ class GenerationOutput:
 
     ``finish_reason`` is ``"stop"`` (end-of-sequence, a stop token or a stop string),
     ``"length"`` (``max_tokens`` reached) or ``"error"`` (then ``error`` says why and the other
-    fields describe what was produced before it, usually nothing).
+    fields describe what was produced before it, usually nothing). ``logprobs`` (one
+    ``{token_id: Logprob}`` per generated token) and ``prompt_logprobs`` (one per prompt token,
+    the first None) are set when the request's ``SamplingParams`` asked for them, as in vLLM.
     """
 
     request_id: int
@@ -32,4 +36,6 @@ class GenerationOutput:
     error: str | None = None
     prompt_token_ids: list[int] = field(default_factory=list)
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (vLLM's name)
+    logprobs: list[dict[int, Logprob]] | None = None
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     timings: RequestTimings = field(default_factory=RequestTimings)

@@ -19,7 +19,9 @@ class ModelRunnerOutput:
     """One forward's results, per sampling sequence in batch order.
 
     ``req_ids[i]`` sampled ``sampled_token_ids[i]``; ``logprobs[i]``, where a request asked for
-    them, holds what the sampler captured for that token (``None`` otherwise). ``host_kv`` maps
+    them, holds its ``TokenLogprobs`` (``None`` otherwise). ``prompt_logprobs`` maps a request
+    computing prompt positions with ``prompt_logprobs`` to (the prompt index of its first entry,
+    the entries) for this forward's positions. ``host_kv`` maps
     each sequence swapped out in this step to the KV read out of its pages (the scheduler keeps
     it until the sequence resumes).
     """
@@ -27,6 +29,7 @@ class ModelRunnerOutput:
     req_ids: list[int] = field(default_factory=list)
     sampled_token_ids: list[int] = field(default_factory=list)
     logprobs: list[Any] | None = None
+    prompt_logprobs: dict[int, tuple[int, list[Any]]] = field(default_factory=dict)
     host_kv: dict[int, torch.Tensor] = field(default_factory=dict)
 
     @property

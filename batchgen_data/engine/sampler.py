@@ -17,6 +17,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from batchgen_data.engine.logprob_capture import token_logprobs
+from batchgen_data.engine.logprobs import TokenLogprobs
 from batchgen_data.engine.structured.bitmask import apply_token_bitmask
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -46,13 +48,17 @@ class SamplingBatch:
     bitmask_rows: list[int] | None = None
     token_bitmask: np.ndarray | None = None
     bitmask_greedy: list[bool] | None = None  # per constrained row: it samples greedily
+    # Logprobs: the rows that asked, and how many top tokens each lists.
+    logprob_rows: list[int] | None = None
+    logprob_ks: list[int] | None = None
 
     @classmethod
     def build(cls, temperatures: list[float], top_ps: list[float], top_ks: list[int], seeds: list[int],
               steps: list[int], device: torch.device | str = "cpu", bitmask_rows: list[int] | None = None,
-              token_bitmask: np.ndarray | None = None) -> SamplingBatch:
-        """From per-row Python values (one list per parameter, N each), and the grammar masks of
-        the constrained rows."""
+              token_bitmask: np.ndarray | None = None, logprobs: list[int | None] | None = None) -> SamplingBatch:
+        """From per-row Python values (one list per parameter, N each), the grammar masks of
+        the constrained rows, and each row's ``logprobs`` (None: not asked)."""
+        logprob_rows = None if logprobs is None else [i for i, k in enumerate(logprobs) if k is not None]
         return cls(
             temperatures=torch.tensor(temperatures, dtype=torch.float32, device=device),
             top_ps=torch.tensor(top_ps, dtype=torch.float32, device=device),
@@ -64,7 +70,11 @@ class SamplingBatch:
             any_top_p=any(p < 1.0 for p, t in zip(top_ps, temperatures) if t > 0.0),
             bitmask_rows=bitmask_rows if token_bitmask is not None else None,
             token_bitmask=token_bitmask,
-            bitmask_greedy=None if token_bitmask is None else [temperatures[r] == 0.0 for r in bitmask_rows],
+            # A row whose logprobs are asked is masked whole: its logprobs see the masked logits.
+            bitmask_greedy=None if token_bitmask is None else [
+                temperatures[r] == 0.0 and (logprobs is None or logprobs[r] is None) for r in bitmask_rows],
+            logprob_rows=logprob_rows or None,
+            logprob_ks=[logprobs[i] for i in logprob_rows] if logprob_rows else None,
         )
 
     def __len__(self) -> int:
@@ -78,22 +88,31 @@ class LogitsProcessor(Protocol):
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor: ...
 
 
+@dataclass(slots=True)
+class SamplerOutput:
+    """The sampled tokens, and for the rows that asked, their ``TokenLogprobs`` (else None)."""
+
+    token_ids: torch.Tensor  # [N] int64
+    logprobs: list[TokenLogprobs | None] | None = None
+
+
 class Sampler:
-    """``logits -> token ids``: the logits processors in order, the grammar bitmasks of the
+    """``logits -> SamplerOutput``: the logits processors in order, the grammar bitmasks of the
     constrained rows (structured outputs), then ``sample``; greedy, temperature, top-k, top-p
-    and seeded sampling all pick from the masked distribution.
+    and seeded sampling all pick from the masked distribution. Logprobs are taken from the logits
+    as they are then (the model's, masked by the grammar), before temperature and top-k/top-p.
 
     Example:
         >>> import torch
         >>> batch = SamplingBatch.build([0.0], [1.0], [0], [7], [0])
-        >>> Sampler()(torch.tensor([[0.1, 2.0, 0.3]]), batch).tolist()
+        >>> Sampler()(torch.tensor([[0.1, 2.0, 0.3]]), batch).token_ids.tolist()
         [1]
     """
 
     def __init__(self, processors: tuple[LogitsProcessor, ...] = ()):
         self.processors = processors
 
-    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         for process in self.processors:
             logits = process(logits, batch)
         picks = None
@@ -102,7 +121,14 @@ class Sampler:
         tokens = sample(logits, batch)
         if picks is not None:  # greedy rows whose token the mask step chose among few allowed
             tokens[picks.rows.to(tokens.device)] = picks.tokens.to(tokens.device)
-        return tokens
+        if batch.logprob_rows is None:
+            return SamplerOutput(tokens)
+        rows = torch.tensor(batch.logprob_rows, device=logits.device)
+        computed = token_logprobs(logits[rows], tokens[rows], batch.logprob_ks)
+        per_row: list[TokenLogprobs | None] = [None] * len(batch)
+        for row, value in zip(batch.logprob_rows, computed):
+            per_row[row] = value
+        return SamplerOutput(tokens, per_row)
 
 
 def counter_uniform(seeds, steps) -> np.ndarray:

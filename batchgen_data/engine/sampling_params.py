@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from batchgen_data.engine.structured.params import StructuredOutputsParams
 from batchgen_data.errors import ConfigError
 
+# Most top tokens a request may ask for per position (vLLM's default max_logprobs).
+MAX_LOGPROBS = 20
 # Ray Data LLM's name for ``structured_outputs`` (vLLM's before 0.10), accepted by ``from_dict``.
 GUIDED_DECODING_ALIAS = "guided_decoding"
 
@@ -29,6 +31,11 @@ class SamplingParams:
             addition to the model's end-of-sequence tokens unless ``ignore_eos``).
         ignore_eos (bool, default False): keep generating past end-of-sequence tokens.
         skip_special_tokens (bool, default True): drop special tokens when decoding text.
+        logprobs (int | None, default None): per generated token, return its log-probability and
+            those of the ``logprobs`` most likely tokens (0: the generated token only), up to 20.
+        prompt_logprobs (int | None, default None): the same for every prompt token after the
+            first (its entry is None); such a request does not take prompt KV from the prefix
+            cache (its positions must be computed).
         structured_outputs (StructuredOutputsParams | dict | None, default None): a JSON schema,
             regex, choice list or grammar the output must match (a dict of
             ``StructuredOutputsParams`` fields is fine). The output finishes with ``"stop"`` once
@@ -48,6 +55,8 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
     structured_outputs: StructuredOutputsParams | None = None
     _stop_strings: tuple[str, ...] = field(default=(), init=False, repr=False)
 
@@ -78,6 +87,11 @@ class SamplingParams:
         ids = list(self.stop_token_ids or [])
         if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
             raise ConfigError(f"stop_token_ids must be non-negative ints, got {self.stop_token_ids!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or not 0 <= value <= MAX_LOGPROBS):
+                raise ConfigError(f"{name} must be an int in [0, {MAX_LOGPROBS}] or None, got {value!r}")
         if self.structured_outputs is not None:
             self.structured_outputs = StructuredOutputsParams.from_value(self.structured_outputs)
 

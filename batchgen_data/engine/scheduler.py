@@ -305,7 +305,9 @@ class Scheduler:
         needed = self.blocks.blocks_for(seq.num_tokens)
         headroom = len(self.running)  # one page of growth per running sequence
         cached: list[int] = []
-        caching = self.config.enable_prefix_caching and seq.num_computed_tokens == 0
+        # A sequence computing prompt logprobs needs every prompt position: no cached prefix.
+        caching = (self.config.enable_prefix_caching and seq.num_computed_tokens == 0
+                   and seq.params.prompt_logprobs is None)
         if caching:  # looked up again here: an admission just before may have evicted blocks
             cached = self.blocks.lookup(self._prefix_hashes(seq))
         if not self.blocks.can_allocate(needed - len(cached) + self.blocks.num_free_among(cached) + headroom):
@@ -337,16 +339,24 @@ class Scheduler:
             seq.finish("error", now_s, error=seq.structured.error)
             finished.append(seq)
         self._failed.clear()
-        it = iter(result.sampled_token_ids)
+        tokens = iter(result.sampled_token_ids)
+        logprobs = iter(result.logprobs or ())
         caching = self.config.enable_prefix_caching
         for seq, qlen, samples in zip(out.seqs, out.query_lens, out.samples):
             seq.num_computed_tokens += qlen
             if caching and seq.num_computed_tokens // self.blocks.block_size > seq.num_registered_blocks:
                 self._register_blocks(seq)
+            if seq.request_id in result.prompt_logprobs:
+                _add_prompt_logprobs(seq, *result.prompt_logprobs[seq.request_id])
             if not samples:
                 continue
-            token = next(it)
+            token = next(tokens)
             seq.output_token_ids.append(token)
+            token_logprobs = next(logprobs, None)
+            if seq.params.logprobs is not None:
+                if seq.logprobs is None:
+                    seq.logprobs = []
+                seq.logprobs.append(token_logprobs)
             if seq.first_token_s is None:
                 seq.first_token_s = now_s
             error = None if seq.structured is None else self.structured.accept(seq, token)
@@ -437,6 +447,8 @@ class Scheduler:
         """
         seq = Sequence(request_id, list(state.prompt_token_ids), state.params, state.seed, arrival_s=now_s)
         seq.output_token_ids = list(state.output_token_ids)
+        seq.logprobs = None if state.logprobs is None else list(state.logprobs)
+        seq.prompt_logprobs = None if state.prompt_logprobs is None else list(state.prompt_logprobs)
         if not seq.output_token_ids:
             self.add(seq)
             return seq
@@ -454,3 +466,11 @@ class Scheduler:
         """Finish a queued or running sequence with an error, freeing what it holds."""
         self._take_out(seq)
         seq.finish("error", now_s, error=reason)
+
+
+def _add_prompt_logprobs(seq: Sequence, first: int, entries: list) -> None:
+    """Record prompt entries from prompt index ``first`` on (a recompute's repeats are dropped)."""
+    if seq.prompt_logprobs is None:
+        seq.prompt_logprobs = [None]  # the first prompt token has no logprob (vLLM's convention)
+    if first == len(seq.prompt_logprobs):
+        seq.prompt_logprobs.extend(entries)

@@ -17,6 +17,7 @@ from batchgen_data.engine.sampling_params import SamplingParams
 if TYPE_CHECKING:  # the scheduler imports this module and stays torch-free
     import torch
 
+    from batchgen_data.engine.logprobs import TokenLogprobs
     from batchgen_data.engine.structured.request import StructuredRequest
 
 
@@ -67,6 +68,8 @@ class SequenceState:
     params: SamplingParams
     seed: int
     kv: torch.Tensor | None = None  # [num_tokens_in_kv, values per token] (``KVCache.read_tokens``)
+    logprobs: list[TokenLogprobs] | None = None  # one per output token, when asked
+    prompt_logprobs: list[TokenLogprobs | None] | None = None  # the prompt entries computed so far
 
 
 @dataclass(slots=True, eq=False)
@@ -99,6 +102,10 @@ class Sequence:
     # unconstrained sequence. It is not part of the portable state: an importing engine rebuilds
     # it by replaying the output tokens.
     structured: StructuredRequest | None = None
+    # Logprobs (the scheduler's): one entry per output token when ``params.logprobs`` is set;
+    # the prompt's entries computed so far when ``params.prompt_logprobs`` is (entry 0 is None).
+    logprobs: list[TokenLogprobs] | None = None
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
     def transition(self, new: SequenceStatus) -> None:
         if new not in TRANSITIONS[self.status]:
@@ -154,4 +161,6 @@ class Sequence:
             params=self.params,
             seed=self.seed,
             kv=kv,
+            logprobs=None if self.logprobs is None else list(self.logprobs),
+            prompt_logprobs=None if self.prompt_logprobs is None else list(self.prompt_logprobs),
         )

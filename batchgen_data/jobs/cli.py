@@ -66,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
                           help="a stop string (repeatable)")
     sampling.add_argument("--ignore-eos", action="store_true", default=defaults["ignore_eos"],
                           help="keep generating past end-of-sequence tokens")
+    sampling.add_argument("--logprobs", type=int, default=defaults["logprobs"], metavar="K",
+                          help="a logprobs column: each generated token's log-probability and the "
+                               "K most likely tokens' (0-20)")
+    sampling.add_argument("--prompt-logprobs", type=int, default=defaults["prompt_logprobs"], metavar="K",
+                          help="a prompt_logprobs column, the same for each prompt token (0-20)")
     structured = run.add_argument_group(
         "structured outputs (rows may override with sampling_params.structured_outputs or "
         "guided_decoding)")
@@ -166,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             should_continue_on_error=not args.fail_on_error,
             max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
             top_k=args.top_k, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos,
+            logprobs=args.logprobs, prompt_logprobs=args.prompt_logprobs,
             structured_outputs=_structured_outputs(args),
         )
         if args.rows_per_part < 1 or args.workers < 1:

@@ -292,15 +292,16 @@ def test_each_rank_caches_prefixes_and_gives_the_uncached_tokens(tiny_checkpoint
     assert sum(o.num_cached_tokens for o in outs) == stats.prefix_cache_hits
 
 
-def test_constrained_rows_on_ranks_and_across_migrate(tiny_checkpoint):
-    """Structured outputs on expert-parallel ranks: each rank compiles its own grammars, and the
-    constrained sequences the tail moves between ranks give the single-process outputs."""
+def test_constrained_rows_and_logprobs_on_ranks_and_across_migrate(tiny_checkpoint):
+    """Structured outputs and logprobs on expert-parallel ranks: each rank compiles its own
+    grammars, and the sequences the tail moves between ranks give the single-process outputs."""
     import re
 
     folder, _ = tiny_checkpoint("olmoe")
     prompts = [[3 + i, 40 + 2 * i, 7, 90 + i] for i in range(15)]
     regex = r"[a-z]{2}-[0-9]{2}"
-    params = [_greedy(40)] + [SamplingParams(max_tokens=16, temperature=0, structured_outputs={"regex": regex})] * 14
+    params = [_greedy(40)] + [SamplingParams(max_tokens=16, temperature=0, structured_outputs={"regex": regex},
+                                             logprobs=2, prompt_logprobs=1)] * 14
     with Engine(folder, EngineConfig(block_size=8, max_num_seqs=2)) as single:
         expected = single.generate(prompts, params)
     engine = Engine(folder, EngineConfig(expert_parallel_size=2, block_size=8, max_num_seqs=2, attention_batch_size=2))
@@ -311,4 +312,10 @@ def test_constrained_rows_on_ranks_and_across_migrate(tiny_checkpoint):
         engine.close()
     assert [o.text for o in outs] == [o.text for o in expected]
     assert all(o.finish_reason == "stop" and re.fullmatch(regex, o.text) for o in outs[1:])
+    for got, want in zip(outs[1:], expected[1:]):
+        assert [list(e) for e in got.logprobs] == [list(e) for e in want.logprobs]
+        # a position the grammar narrows to fewer than k tokens lists -inf for the rest, as vLLM does
+        assert all(g[t].logprob == w[t].logprob or abs(g[t].logprob - w[t].logprob) < 1e-4
+                   for g, w in zip(got.logprobs, want.logprobs) for t in g)
+        assert len(got.prompt_logprobs) == 4 and got.prompt_logprobs[0] is None
     assert sum(r.num_migrated_out for r in stats.ranks) > 0

@@ -80,7 +80,7 @@ def test_sampler_samples_only_allowed_tokens():
     for step in range(20):
         batch = SamplingBatch.build([0.0, 1.0] * (n // 2), [1.0, 0.8] * (n // 2), [0, 5] * (n // 2),
                                     list(range(n)), [step] * n, bitmask_rows=list(range(n)), token_bitmask=mask)
-        tokens = Sampler()(torch.randn(n, VOCAB), batch)
+        tokens = Sampler()(torch.randn(n, VOCAB), batch).token_ids
         assert all(allowed[i, t] for i, t in enumerate(tokens.tolist()))
 
 

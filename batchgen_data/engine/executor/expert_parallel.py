@@ -22,6 +22,7 @@ answer into it (first token, output, finish).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 
@@ -162,6 +163,7 @@ class ExpertParallelExecutor:
             seq.output_token_ids = list(done.output_token_ids)
             seq.stop_text_len = done.stop_text_len
             seq.num_cached_tokens = done.num_cached_tokens
+            seq.logprobs, seq.prompt_logprobs = done.logprobs, done.prompt_logprobs
             if seq.first_token_s is None and seq.output_token_ids:
                 seq.first_token_s = now
             seq.finish(done.finish_reason, now, error=done.error)
@@ -208,8 +210,7 @@ class ExpertParallelExecutor:
         """Continue ``state`` as request ``request_id``, on the rank with the fewest tokens left."""
         seq = Sequence(request_id, list(state.prompt_token_ids), state.params, state.seed, arrival_s=self._clock())
         seq.output_token_ids = list(state.output_token_ids)
-        state = SequenceState(request_id, state.prompt_token_ids, state.output_token_ids, state.params, state.seed,
-                              state.kv)
+        state = dataclasses.replace(state, request_id=request_id)
         rank = min(range(len(self._loads)), key=lambda r: (self._loads[r].tokens_left, r))
         self._inbound[rank].append(state)
         self._rank_of[request_id] = rank

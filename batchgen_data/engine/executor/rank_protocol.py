@@ -67,6 +67,8 @@ class FinishedSequence:
     error: str | None
     stop_text_len: int | None
     num_cached_tokens: int | None = None
+    logprobs: list | None = None  # TokenLogprobs per output token, when asked
+    prompt_logprobs: list | None = None
 
 
 @dataclass(slots=True)

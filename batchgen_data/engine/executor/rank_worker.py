@@ -139,7 +139,8 @@ class RankWorker:
         return StepResult(
             rank=self.rank,
             finished=[FinishedSequence(s.request_id, list(s.output_token_ids), s.finish_reason or "error", s.error,
-                                       s.stop_text_len, s.num_cached_tokens) for s in finished],
+                                       s.stop_text_len, s.num_cached_tokens, s.logprobs, s.prompt_logprobs)
+                      for s in finished],
             started=started,
             exported=exported,
             load=self._load(),
