@@ -50,11 +50,13 @@ class BatchGenMap:
 
     def __init__(self, model: str = "demo", engine_config=None, prompt_column=None,
                  prompt_template=None, should_continue_on_error: bool = True, json_columns=None,
+                 chat_template: str | None = None, chat_template_kwargs: dict | None = None,
                  **sampling_defaults):
         self.config = StageConfig(model=model, engine_config=engine_config,
                                   prompt_column=prompt_column, prompt_template=prompt_template,
                                   should_continue_on_error=should_continue_on_error,
-                                  json_columns=json_columns, **sampling_defaults)
+                                  json_columns=json_columns, chat_template=chat_template,
+                                  chat_template_kwargs=chat_template_kwargs, **sampling_defaults)
 
     def __call__(self, batch: dict) -> dict:
         prepared = prepare_batch(batch, self.config)

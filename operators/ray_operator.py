@@ -47,6 +47,9 @@ class BatchGenOperator:
             they go back to the pool.
         json_columns (list[str] | None, default None): columns holding JSON text, decoded before
             each row is validated (see ``StageConfig``).
+        chat_template (str | None), chat_template_kwargs (dict | None): how ``messages`` rows
+            are rendered: a template replacing the tokenizer's, and arguments passed to it
+            (``{"enable_thinking": False}`` for Qwen3).
         stats_dir (str | None, default None): benchmark instrumentation: after every batch,
             write this actor's engine timeline and counters to ``stats_dir/actor-<pid>.json``.
         **sampling_defaults: ``max_tokens`` (default 16), ``temperature`` (default 0, greedy),
@@ -72,11 +75,13 @@ class BatchGenOperator:
     def __init__(self, model: str = "demo", engine_config=None, prompt_column=None,
                  prompt_template=None, should_continue_on_error: bool = True,
                  rebalance: bool | None = None, lease_timeout_s: float = 15.0,
-                 stats_dir: str | None = None, json_columns=None, **sampling_defaults):
+                 stats_dir: str | None = None, json_columns=None, chat_template: str | None = None,
+                 chat_template_kwargs: dict | None = None, **sampling_defaults):
         self.config = StageConfig(model=model, engine_config=engine_config,
                                   prompt_column=prompt_column, prompt_template=prompt_template,
                                   should_continue_on_error=should_continue_on_error,
-                                  json_columns=json_columns, **sampling_defaults)
+                                  json_columns=json_columns, chat_template=chat_template,
+                                  chat_template_kwargs=chat_template_kwargs, **sampling_defaults)
         if rebalance is None:  # on inside a Ray actor (several actors share a pool), off elsewhere
             rebalance = _in_ray_actor()
         coordinator = None

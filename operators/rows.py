@@ -17,6 +17,7 @@ from batchgen_data.config import EngineConfig
 from batchgen_data.engine.outputs import GenerationOutput
 from batchgen_data.engine.sampling_params import SamplingParams, normalize_structured_outputs
 from batchgen_data.engine.structured.params import StructuredOutputsParams
+from batchgen_data.engine.tokenizer import ChatPrompt, check_messages
 from batchgen_data.errors import BatchGenError, ConfigError
 
 PROMPT_COLUMNS = ("prompt", "messages", "prompt_token_ids")
@@ -70,6 +71,10 @@ class StageConfig:
             A ``structured_outputs`` JSON schema for an object also adds the typed
             ``generated_json`` column (see ``json_column.py``); a row's own
             ``structured_outputs`` or ``guided_decoding`` replaces the default.
+        chat_template (str | None, default None): a Jinja chat template replacing the
+            tokenizer's, for ``messages`` rows.
+        chat_template_kwargs (dict | None, default None): passed to the chat template of
+            ``messages`` rows (``{"enable_thinking": False}`` for Qwen3), as in vLLM and Ray Data LLM.
         json_columns (list[str] | None, default None): columns holding JSON text, decoded to
             Python values before validation. A reader stores a column this way when its values
             have no single Arrow type (a ``sampling_params`` that is a string in one row and an
@@ -98,6 +103,8 @@ class StageConfig:
     logprobs: int | None = STAGE_SAMPLING_DEFAULTS["logprobs"]
     prompt_logprobs: int | None = STAGE_SAMPLING_DEFAULTS["prompt_logprobs"]
     structured_outputs: StructuredOutputsParams | dict | None = STAGE_SAMPLING_DEFAULTS["structured_outputs"]
+    chat_template: str | None = None
+    chat_template_kwargs: dict | None = None
     json_columns: list[str] | None = None
 
     def __post_init__(self) -> None:
@@ -108,6 +115,10 @@ class StageConfig:
             if isinstance(names, str) or not all(isinstance(c, str) for c in names):
                 raise ConfigError(f"json_columns must be a list of column names, got {names!r}")
             self.json_columns = list(self.json_columns)
+        if self.chat_template is not None and not isinstance(self.chat_template, str):
+            raise ConfigError(f"chat_template must be a string, got {type(self.chat_template).__name__}")
+        if self.chat_template_kwargs is not None and not isinstance(self.chat_template_kwargs, dict):
+            raise ConfigError(f"chat_template_kwargs must be a dict, got {self.chat_template_kwargs!r}")
         self.default_params()  # validate defaults eagerly: a bad default is a config error
 
     def default_params(self) -> SamplingParams:
@@ -197,7 +208,7 @@ def prepare_rows(columns: dict[str, list], num_rows: int, config: StageConfig) -
             if prompt_columns is None:
                 row.prompt = _format_prompt(config.prompt_template, cells, i)
             else:
-                row.prompt = _read_prompt(*_first_prompt(cells, prompt_columns, i))
+                row.prompt = _read_prompt(*_first_prompt(cells, prompt_columns, i), config)
             row.params = _row_params(cells.get(SAMPLING_PARAMS_COLUMN, i), defaults)
         except (BatchGenError, TypeError, ValueError) as err:
             row.prompt, row.params, row.error = None, None, str(err)
@@ -270,10 +281,19 @@ def _format_prompt(template: str, cells: _Cells, index: int) -> str:
     return prompt
 
 
-def _read_prompt(value: Any, column: str) -> Any:
+def _read_prompt(value: Any, column: str, config: StageConfig) -> Any:
     value = _to_python(value)
     if _is_null(value):
         raise RowError(f"missing prompt (column {column!r} is null)")
+    is_chat = column == "messages" or (isinstance(value, list) and value and isinstance(value[0], dict))
+    if is_chat:  # a conversation, never a raw prompt: a string here is an error, not a prompt
+        try:
+            check_messages(value)
+        except BatchGenError as err:
+            raise RowError(f"column {column!r}: {err}") from None
+        if config.chat_template is None and config.chat_template_kwargs is None:
+            return value
+        return ChatPrompt(value, config.chat_template, config.chat_template_kwargs)
     if isinstance(value, str):
         if not value.strip():
             raise RowError(f"empty prompt in column {column!r}")

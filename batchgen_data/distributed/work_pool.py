@@ -44,6 +44,7 @@ def prefix_key(prompt: Any) -> Any:
     characters of a text prompt, the first token ids, or the first chat message; None otherwise."""
     if isinstance(prompt, str):
         return prompt[:_PREFIX_KEY_CHARS]
+    prompt = getattr(prompt, "messages", prompt)  # a ChatPrompt: its messages
     if isinstance(prompt, (list, tuple)) and prompt:
         first = prompt[0]
         if isinstance(first, dict):

@@ -27,7 +27,7 @@ from batchgen_data.engine.sampling_params import SamplingParams
 from batchgen_data.engine.sequence import Sequence, SequenceState, SequenceStatus
 from batchgen_data.engine.stats import EngineStats
 from batchgen_data.engine.timeline import StepTimeline
-from batchgen_data.engine.tokenizer import PromptTokenizer
+from batchgen_data.engine.tokenizer import ChatPrompt, PromptTokenizer
 from batchgen_data.errors import BatchGenError, ConfigError, RequestError
 from batchgen_data.model import ModelConfig
 from batchgen_data.model.resolve import resolve_model
@@ -169,6 +169,15 @@ class Engine:
         for out in self._run(seqs):
             outputs[out.request_id] = out
         return [outputs[s.request_id] for s in seqs]
+
+    def chat(self, messages: list, sampling_params=None, chat_template: str | None = None,
+             chat_template_kwargs: dict | None = None) -> list[GenerationOutput]:
+        """``generate`` over conversations, as ``vllm.LLM.chat``: ``messages`` is one conversation
+        (a list of ``{role, content}``) or a list of them; ``chat_template`` replaces the
+        tokenizer's template and ``chat_template_kwargs`` are passed to it."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        prompts = [ChatPrompt(c, chat_template, chat_template_kwargs) for c in conversations]
+        return self.generate(prompts, sampling_params)
 
     def stream(self, prompts: SequenceABC | str, sampling_params=None) -> Iterator[GenerationOutput]:
         """Yield each prompt's output as soon as it finishes (completion order)."""

@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from batchgen_data.errors import RequestError
 
-Prompt = str | list[int] | list[dict]
+
+@dataclass(slots=True, frozen=True)
+class ChatPrompt:
+    """A chat ``messages`` list with how to render it (vLLM's ``LLM.chat`` arguments):
+    ``chat_template`` replaces the tokenizer's template, ``chat_template_kwargs`` are passed to
+    it (``{"enable_thinking": False}`` for Qwen3)."""
+
+    messages: list[dict]
+    chat_template: str | None = None
+    chat_template_kwargs: dict | None = None
+
+
+Prompt = str | list[int] | list[dict] | ChatPrompt
 
 
 class PromptTokenizer:
@@ -29,6 +42,8 @@ class PromptTokenizer:
             if not prompt:
                 raise RequestError("empty prompt")
             ids = self._require_hf("a text prompt").encode(prompt)
+        elif isinstance(prompt, ChatPrompt):
+            ids = self.apply_chat_template(list(prompt.messages), prompt.chat_template, prompt.chat_template_kwargs)
         elif isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
             ids = self.apply_chat_template(list(prompt))
         elif isinstance(prompt, (list, tuple)) or _is_array(prompt):
@@ -46,16 +61,16 @@ class PromptTokenizer:
             raise RequestError(f"token id(s) {bad[:5]} outside the vocabulary [0, {self.vocab_size})")
         return ids
 
-    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+    def apply_chat_template(self, messages: list[dict], chat_template: str | None = None,
+                            chat_template_kwargs: dict | None = None) -> list[int]:
         hf = self._require_hf("a chat messages prompt")
-        if not hf.chat_template:
+        if not hf.chat_template and chat_template is None:
             raise RequestError(f"the tokenizer in {str(self.folder)!r} has no chat template")
-        for m in messages:
-            if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise RequestError(f"each message needs string 'role' and 'content', got {m!r}")
+        check_messages(messages)
         try:
             # transformers 5: tokenize=True returns a dict with input_ids.
-            out = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            out = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                         chat_template=chat_template, **(chat_template_kwargs or {}))
         except Exception as err:  # a template's raise_exception() or a jinja error: this row's fault
             raise RequestError(f"the chat template rejected the messages: {err}") from None
         return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
@@ -77,6 +92,18 @@ def _load_hf_tokenizer(folder: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(folder))
+
+
+def check_messages(messages: Any) -> None:
+    """Raise ``RequestError`` unless ``messages`` is a non-empty list of ``{role, content}``
+    objects with string values (a plain string is not a conversation)."""
+    if isinstance(messages, str) or not isinstance(messages, (list, tuple)):
+        raise RequestError(f"messages must be a list of {{role, content}} objects, got {type(messages).__name__}")
+    if not messages:
+        raise RequestError("messages must not be empty")
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise RequestError(f"each message needs string 'role' and 'content', got {m!r}")
 
 
 def _generation_config_eos(folder: Path) -> set[int]:

@@ -15,6 +15,7 @@ Errors exit with status 2, Ctrl-C with 130.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
@@ -39,6 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--prompt-template", default=None,
                      help="build prompts from columns: a text with {column} placeholders, "
                           "or a file holding it")
+    run.add_argument("--chat-template", default=None, metavar="FILE|JINJA",
+                     help="a chat template for messages rows, replacing the tokenizer's (a file, or its text)")
+    run.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
+                     help='arguments for the chat template, e.g. \'{"enable_thinking": false}\'')
     run.add_argument("--output-format", choices=("parquet", "jsonl"), default="parquet")
     run.add_argument("--rows-per-part", type=int, default=256,
                      help="rows per output part file (default %(default)s)")
@@ -129,6 +134,18 @@ def _read_template(value: str | None) -> str | None:
     return value
 
 
+def _json_object(flag: str, text: str | None) -> dict | None:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{flag} must be a JSON object: {err}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{flag} must be a JSON object, got {text!r}")
+    return value
+
+
 def _structured_outputs(args: argparse.Namespace) -> dict | None:
     """The job-wide ``structured_outputs`` the flags ask for (validated by ``StageConfig``)."""
     if args.json_schema is not None:
@@ -173,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
             top_k=args.top_k, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos,
             logprobs=args.logprobs, prompt_logprobs=args.prompt_logprobs,
             structured_outputs=_structured_outputs(args),
+            chat_template=_read_template(args.chat_template),
+            chat_template_kwargs=_json_object("--chat-template-kwargs", args.chat_template_kwargs),
         )
         if args.rows_per_part < 1 or args.workers < 1:
             raise BatchGenError(f"--rows-per-part and --workers must be >= 1, "
