@@ -25,12 +25,15 @@ _EXPORTS = {
     "SamplingParams": "batchgen_data.engine.sampling_params",
     "StructuredOutputsParams": "batchgen_data.engine.structured.params",
     "BatchGenOperator": "batchgen_data.operators",
+    "BatchGenProcessorConfig": "batchgen_data.processor",
+    "build_processor": "batchgen_data.processor",
     "BatchGenMap": "batchgen_data.operators",
 }
 __all__ = [
     "BatchGenError",
     "BatchGenMap",
     "BatchGenOperator",
+    "BatchGenProcessorConfig",
     "CheckpointError",
     "ConfigError",
     "Engine",
@@ -41,6 +44,7 @@ __all__ = [
     "RequestError",
     "SamplingParams",
     "StructuredOutputsParams",
+    "build_processor",
 ]
 
 if TYPE_CHECKING:
@@ -58,6 +62,7 @@ if TYPE_CHECKING:
         RequestError,
     )
     from batchgen_data.operators import BatchGenMap, BatchGenOperator
+    from batchgen_data.processor import BatchGenProcessorConfig, build_processor
 
 
 def __getattr__(name: str):

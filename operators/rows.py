@@ -20,7 +20,7 @@ from batchgen_data.engine.structured.params import StructuredOutputsParams
 from batchgen_data.engine.tokenizer import ChatPrompt, check_messages
 from batchgen_data.errors import BatchGenError, ConfigError
 
-PROMPT_COLUMNS = ("prompt", "messages", "prompt_token_ids")
+PROMPT_COLUMNS = ("prompt", "messages", "prompt_token_ids", "tokenized_prompt")  # the last: Ray Data LLM's name
 SAMPLING_PARAMS_COLUMN = "sampling_params"
 ERROR_COLUMN = "__inference_error__"
 # A reader's reason to reject a row (an unparseable line, invalid bytes): the row becomes an

@@ -105,3 +105,49 @@ def test_guided_decoding_rows_through_ray_data(ray_cluster, demo_path):
 
     out = _run(ray.data.from_items(guided_rows()), demo_path, batch_size=4).take_all()
     check_guided_rows(out)
+
+
+def test_build_processor_gives_the_operators_rows_with_preprocess_and_postprocess(ray_cluster, demo_path,
+                                                                                  reference_outputs):
+    """A Ray Data LLM pipeline with its import and config class changed."""
+    from stage_rows import GOOD_ROWS
+
+    from batchgen_data import BatchGenProcessorConfig, build_processor
+
+    config = BatchGenProcessorConfig(model_source=str(demo_path), engine_kwargs=ENGINE_CONFIG, batch_size=4,
+                                     concurrency=1, max_concurrent_batches=2, num_cpus=0.5)
+    processor = build_processor(
+        config,
+        preprocess=lambda row: dict(prompt=row["text"], sampling_params={  # Arrow gives unset keys as None
+            "temperature": 0.0, "max_tokens": MAX_TOKENS,
+            **{k: v for k, v in (row["overrides"] or {}).items() if v is not None}}),
+        postprocess=lambda row: dict(id=row["id"], answer=row["generated_text"], n=row["num_generated_tokens"],
+                                     error=row["__inference_error__"]),
+    )
+    rows = [{"id": r["id"], "text": r["prompt"], "overrides": r.get("sampling_params")} for r in GOOD_ROWS]
+    rows.append({"id": 99, "text": "ok", "overrides": {"max_tokens": 0}})  # a bad row
+    with pytest.raises(Exception, match="max_tokens"):  # should_continue_on_error=False (Ray's default) fails
+        processor(ray.data.from_items(rows)).take_all()
+    config.should_continue_on_error = True
+    out = {r["id"]: r for r in build_processor(config, processor.preprocess, processor.postprocess)(
+        ray.data.from_items(rows)).take_all()}
+    assert sorted(out) == sorted(r["id"] for r in rows)
+    for good in GOOD_ROWS:
+        assert out[good["id"]]["answer"] == reference_outputs[good["id"]].text
+        assert out[good["id"]]["error"] is None
+    assert out[99]["answer"] is None and "max_tokens" in out[99]["error"]
+
+
+def test_processor_config_rejects_what_it_cannot_honour():
+    from batchgen_data import BatchGenProcessorConfig, ConfigError
+
+    with pytest.raises(ConfigError, match="unknown engine_kwargs \\['tensor_parallel_size'\\]"):
+        BatchGenProcessorConfig(engine_kwargs={"tensor_parallel_size": 2})
+    with pytest.raises(ConfigError, match="concurrency"):
+        BatchGenProcessorConfig(concurrency=(3, 1))
+    with pytest.raises(ConfigError, match="unknown chat_template_stage keys"):
+        BatchGenProcessorConfig(chat_template_stage={"template": "x"})
+    config = BatchGenProcessorConfig(chat_template_stage={"chat_template_kwargs": {"enable_thinking": False}},
+                                     concurrency=(1, 2))
+    assert config.operator_kwargs()["chat_template_kwargs"] == {"enable_thinking": False}
+    assert config.operator_kwargs()["rebalance"] is True
