@@ -22,6 +22,7 @@ sys.path.insert(0, str(EXAMPLES_DIR))  # the examples import each other as top-l
 import datasets_map  # noqa: E402
 import prompts  # noqa: E402
 import quickstart  # noqa: E402
+import ray_data_llm_switch  # noqa: E402
 import ray_pipeline  # noqa: E402
 import structured_triage  # noqa: E402
 
@@ -148,3 +149,10 @@ def test_structured_triage_example_gives_labels_and_typed_columns():
         assert row["finish_reason"] == "stop", row
         jsonschema.validate(row["generated_json"], schema)
         assert row["generated_json"] == json.loads(row["generated_text"])
+
+
+@pytest.mark.timeout(300)
+def test_ray_data_llm_switch_example(ray_cluster):
+    rows = ray_data_llm_switch.main(num_rows=6)
+    assert sorted(r["ticket_id"] for r in rows) == TICKET_IDS[:6]
+    assert all(r["urgency"] in ray_data_llm_switch.URGENCY and 0 < r["confidence"] <= 1 for r in rows)

@@ -1,0 +1,55 @@
+"""A Ray Data LLM pipeline on batchgen-data: the import and the config class change, nothing else.
+
+    python examples/ray_data_llm_switch.py
+
+The same pipeline on vLLM (Ray Data LLM) reads:
+
+    from ray.data.llm import build_processor, vLLMEngineProcessorConfig
+    config = vLLMEngineProcessorConfig(model_source="Qwen/Qwen3-30B-A3B",
+                                       engine_kwargs={"max_model_len": 4096}, batch_size=16, concurrency=1,
+                                       chat_template_stage={"chat_template_kwargs": {"enable_thinking": False}})
+"""
+
+import ray
+
+from batchgen_data import BatchGenProcessorConfig, build_processor
+from prompts import load_tickets
+
+URGENCY = ["low", "medium", "high"]
+
+
+def main(max_tokens: int = 4, num_rows: int = 8) -> list[dict]:
+    config = BatchGenProcessorConfig(model_source="demo", engine_kwargs={"max_model_len": 4096}, batch_size=16,
+                                     concurrency=1, num_cpus=0.5,
+                                     chat_template_stage={"chat_template_kwargs": {"enable_thinking": False}})
+    processor = build_processor(
+        config,
+        preprocess=lambda row: dict(
+            messages=[{"role": "system", "content": "Rate the urgency of the ticket: low, medium or high."},
+                      {"role": "user", "content": row["text"]}],
+            sampling_params=dict(temperature=0.0, max_tokens=max_tokens, logprobs=2,
+                                 structured_outputs={"choice": URGENCY})),
+        postprocess=lambda row: dict(ticket_id=row["ticket_id"], urgency=row["generated_text"],
+                                     confidence=_confidence(row["logprobs"])),
+    )
+    ds = ray.data.from_items(load_tickets()[:num_rows])
+    return processor(ds).take_all()
+
+
+def _confidence(logprobs) -> float | None:
+    """The probability of the answer's first token, from its logprobs (Ray Data LLM's layout:
+    per position ``{token_id: {"logprob", "rank", "decoded_token"}}``; Arrow may hand a map
+    over as (key, value) pairs)."""
+    import math
+
+    if not logprobs:
+        return None
+    first = logprobs[0]
+    entries = list(first.values()) if isinstance(first, dict) else [value for _, value in first]
+    return math.exp(entries[0]["logprob"])  # the generated token comes first
+
+
+if __name__ == "__main__":
+    ray.init(num_cpus=2, include_dashboard=False)
+    for row in main():
+        print(row)
