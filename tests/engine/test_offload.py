@@ -42,7 +42,9 @@ def test_streamed_experts_give_the_resident_tokens(tiny_checkpoint, arch):
             assert [o.token_ids for o in engine.generate(PROMPTS, GREEDY)] == refs, backend
             stats = engine.stats()
             assert stats.offload.num_misses > 0
-            if kv is not None:
+            if kv is not None and stats.offload.planned_running_seqs > 1:
+                # The plan sizes the running set from fetch and GEMM rates measured at load: on a
+                # loaded machine it may run one sequence at a time, which the pool always fits.
                 assert stats.num_suspended > 0
 
 

@@ -1,0 +1,72 @@
+"""What logprobs cost: the same decode with and without ``logprobs=k``, in one run.
+
+    BATCHGEN_DATA_CACHE=$PWD/.cache/batchgen-data .venv/bin/python benchmarks/logprobs.py   # ~1 min
+
+On the demo model (152k vocabulary), ``--rows`` rows x ``--max-tokens`` greedy tokens, ``--reps``
+alternating repetitions of: no logprobs, ``logprobs=0`` (the generated token only), ``logprobs=5``;
+the median ratio of time per output token against no logprobs (target: k <= 5 costs at most 5%
+at batch 64). Also the capture itself on one [rows, V] logits matrix. Writes
+``logprobs-cpu.json`` under ``--out`` (default ``docs/results``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from batchgen_data import Engine, EngineConfig, SamplingParams  # noqa: E402
+from batchgen_data.engine.logprob_capture import token_logprobs  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=Path("docs/results"))
+    args = parser.parse_args()
+    engine = Engine("demo", EngineConfig(max_num_seqs=args.rows))
+    prompts = [f"Row {i}: label this review, number {i * 7919 % 1000}" for i in range(args.rows)]
+    runs = {name: SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True, logprobs=k)
+            for name, k in (("none", None), ("k0", 0), ("k5", 5))}
+    for params in runs.values():
+        engine.generate(prompts[:4], params)  # warm-up
+    per_token: dict[str, list[float]] = {name: [] for name in runs}
+    for rep in range(args.reps):
+        for name in (list(runs) if rep % 2 == 0 else list(reversed(runs))):
+            start = time.perf_counter()
+            outs = engine.generate(prompts, runs[name])
+            per_token[name].append(1e3 * (time.perf_counter() - start) / sum(o.num_generated_tokens for o in outs))
+    vocab = engine.executor.model.config.vocab_size
+    logits = torch.randn(args.rows, vocab)
+    tokens = logits.argmax(-1)
+    token_logprobs(logits, tokens, [5] * args.rows)
+    start = time.perf_counter()
+    for _ in range(10):
+        token_logprobs(logits, tokens, [5] * args.rows)
+    capture_ms = 100 * (time.perf_counter() - start)
+    engine.close()
+    result = {"rows": args.rows, "max_tokens": args.max_tokens, "ms_per_token": per_token,
+              "capture_ms_k5": capture_ms,
+              "ratio": {name: statistics.median(v / b for v, b in zip(per_token[name], per_token["none"]))
+                        for name in ("k0", "k5")}}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "logprobs-cpu.json").write_text(json.dumps(result, indent=2))
+    print(f"{args.rows} rows x {args.max_tokens} tokens, median of {args.reps}:")
+    for name in runs:
+        ratio = result["ratio"].get(name)
+        print(f"  {name:5s} {statistics.median(per_token[name]):.3f} ms/token"
+              + (f"  {ratio:.3f}x no logprobs" if ratio else ""))
+    print(f"  capture alone (k=5, {args.rows} rows): {capture_ms:.2f} ms per step")
+
+
+if __name__ == "__main__":
+    main()
