@@ -15,9 +15,12 @@ Errors exit with status 2, Ctrl-C with 130.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from batchgen_data.errors import BatchGenError, ConfigError
@@ -164,6 +167,42 @@ def _structured_outputs(args: argparse.Namespace) -> dict | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; the exit status is 0, 2 (an error) or 130 (interrupted by Ctrl-C)."""
+    with _sigint_honoured() as interrupted:
+        try:
+            code = _main(argv)
+        except KeyboardInterrupt:  # after the job's own handling: while printing the summary
+            code = 130
+    return 130 if interrupted.is_set() else code
+
+
+@contextlib.contextmanager
+def _sigint_honoured():
+    """A Ctrl-C anywhere in the run makes the exit status 130.
+
+    The handler records the signal and raises ``KeyboardInterrupt`` in the main thread. Setting
+    it also keeps ``asyncio.run`` from installing its own handler, which only cancels the main
+    task and depends on every await on the way propagating that cancellation. The recorded flag
+    covers a signal arriving after the job's work is done (while the summary is printed), where
+    a ``KeyboardInterrupt`` would otherwise end in a traceback.
+    """
+    interrupted = threading.Event()
+
+    def on_sigint(signum, frame):
+        interrupted.set()
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():  # signals need the main thread
+        yield interrupted
+        return
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
