@@ -280,3 +280,19 @@ def test_structured_output_flags_and_the_typed_json_column(tmp_path, flag):
         assert "generated_json" not in out[0]
         assert all(r["generated_text"] in CHOICE if flag == "--choice" else re.fullmatch(REGEX, r["generated_text"])
                    for r in stopped)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_logprobs_flags_fill_the_logprob_columns(tmp_path, fmt):
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rows(3)))
+    assert main(["run", str(tmp_path / "in.jsonl"), str(tmp_path / "out"), "--logprobs", "2", "--prompt-logprobs", "0",
+                 "--max-tokens", "3", "--output-format", fmt, *ENGINE_ARGS]) == 0
+    for row in _read_output(tmp_path / "out"):
+        entries = row["logprobs"]
+        if fmt == "parquet":  # an Arrow map: (token id, value) pairs
+            entries = [dict(e) for e in entries]
+        else:  # JSON: token ids as keys
+            entries = [{int(k): v for k, v in e.items()} for e in entries]
+        assert [next(iter(e)) for e in entries] == row["generated_tokens"]
+        assert all(len(e) in (2, 3) for e in entries)
+        assert row["prompt_logprobs"][0] is None and len(row["prompt_logprobs"]) == row["num_input_tokens"]

@@ -122,3 +122,29 @@ def test_datasets_map_callable_pickles_as_config(demo_path):
     blob = pickle.dumps(fn)
     assert len(blob) < 2000  # the config, never weights
     assert pickle.dumps(pickle.loads(blob)) == blob
+
+
+@pytest.mark.parametrize("fmt", ["pyarrow", "numpy", "dict"])
+def test_logprob_columns_in_every_batch_format(operator, fmt):
+    """Rows asking for logprobs get Ray Data LLM's per-position dicts (Arrow maps in Arrow
+    batches); the others get nulls."""
+    from batchgen_data.operators.batch_format import LOGPROBS_TYPE
+
+    rows = [{"prompt": "Hello there", "sampling_params": {"logprobs": 2, "prompt_logprobs": 1, "max_tokens": 3}},
+            {"prompt": "Bonjour", "sampling_params": None}]
+    table = pa.Table.from_pylist(rows)
+    batch = {"pyarrow": table, "numpy": {k: np.array([r[k] for r in rows], dtype=object) for k in rows[0]},
+             "dict": {k: [r[k] for r in rows] for k in rows[0]}}[fmt]
+    out = asyncio.run(operator(batch))
+    if fmt == "pyarrow":
+        assert out.schema.field("logprobs").type == LOGPROBS_TYPE
+        out_rows = out.to_pylist(maps_as_pydicts="strict")
+    else:
+        out_rows = [{k: out[k][i] for k in out} for i in range(2)]
+    asked, plain = out_rows
+    assert len(asked["logprobs"]) == asked["num_generated_tokens"] == 3
+    for token, entry in zip(asked["generated_tokens"], asked["logprobs"]):
+        assert next(iter(entry)) == token and len(entry) in (2, 3)
+        assert set(entry[token]) == {"logprob", "rank", "decoded_token"} and entry[token]["logprob"] <= 0
+    assert asked["prompt_logprobs"][0] is None and len(asked["prompt_logprobs"]) == asked["num_input_tokens"]
+    assert plain["logprobs"] is None and plain["prompt_logprobs"] is None
