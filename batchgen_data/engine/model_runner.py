@@ -141,7 +141,7 @@ class ModelRunner:
             chunk = rows[start : start + _PROMPT_LOGPROB_ROWS]
             index = torch.tensor([r[2] for r in chunk], device=hidden.device)
             logits = self.model.compute_logits(hidden[index])  # [m, V]
-            values = token_logprobs(logits, torch.tensor([r[3] for r in chunk]), [r[4] for r in chunk])
+            values = token_logprobs(logits, torch.tensor([r[3] for r in chunk]), [r[4] for r in chunk], overwrite=True)
             for (request_id, position, *_), value in zip(chunk, values):
                 _, entries = found.setdefault(request_id, (position, []))
                 entries.append(value)

@@ -21,6 +21,9 @@ from batchgen_data.engine.logprob_capture import token_logprobs
 from batchgen_data.engine.logprobs import TokenLogprobs
 from batchgen_data.engine.structured.bitmask import apply_token_bitmask
 
+# first_argmax on CPU: block size, and the shortest row worth the block search.
+_ARGMAX_BLOCK = 64
+_ARGMAX_MIN_VOCAB = 4096
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
@@ -123,8 +126,11 @@ class Sampler:
             tokens[picks.rows.to(tokens.device)] = picks.tokens.to(tokens.device)
         if batch.logprob_rows is None:
             return SamplerOutput(tokens)
-        rows = torch.tensor(batch.logprob_rows, device=logits.device)
-        computed = token_logprobs(logits[rows], tokens[rows], batch.logprob_ks)
+        if len(batch.logprob_rows) == len(batch):  # every row: no [n, V] gather (the logits are done with)
+            computed = token_logprobs(logits, tokens, batch.logprob_ks, overwrite=True)
+        else:
+            rows = torch.tensor(batch.logprob_rows, device=logits.device)
+            computed = token_logprobs(logits[rows], tokens[rows], batch.logprob_ks, overwrite=True)
         per_row: list[TokenLogprobs | None] = [None] * len(batch)
         for row, value in zip(batch.logprob_rows, computed):
             per_row[row] = value
@@ -165,10 +171,26 @@ def first_argmax(x: torch.Tensor) -> torch.Tensor:
     """[N, V] -> [N]: the index of each row's first maximum (NaN counts as the maximum), as
     ``argmax`` and transformers' greedy search pick it.
 
-    ``max(dim).indices`` has the same documented semantics and runs 3-4x faster than ``argmax``
-    on CPU over a 32 k vocabulary (2.4 vs 10.6 ms for 256 rows on a 2-core Xeon).
+    On CPU over a long row it goes through block maxima: ``amax`` over blocks of ``_ARGMAX_BLOCK``
+    tokens is one fast reduction, the first block holding the row's maximum holds its first
+    occurrence, and only that block is searched; ``max(dim).indices`` over 64 rows of a 152k
+    vocabulary takes ~5-7 ms on a 2-core EPYC, this ~1 ms. Elsewhere (and on short rows)
+    ``max(dim).indices``, which has the same documented semantics and beats ``argmax`` 3-4x.
     """
-    return x.max(dim=-1).indices
+    num_rows, vocab = x.shape
+    if x.device.type != "cpu" or vocab < _ARGMAX_MIN_VOCAB:
+        return x.max(dim=-1).indices
+    head = (vocab // _ARGMAX_BLOCK) * _ARGMAX_BLOCK
+    block_max = x[:, :head].reshape(num_rows, -1, _ARGMAX_BLOCK).amax(dim=-1)  # [N, full blocks]
+    if head < vocab:  # a last, partial block
+        block_max = torch.cat([block_max, x[:, head:].amax(dim=-1, keepdim=True)], dim=1)
+    best = block_max.max(dim=-1)  # the row maximum and the first block holding it (NaN first)
+    starts = best.indices * _ARGMAX_BLOCK  # [N]
+    index = (starts[:, None] + torch.arange(_ARGMAX_BLOCK)).clamp_(max=vocab - 1)  # [N, B]
+    values = x.gather(1, index)
+    target = best.values[:, None]
+    hit = (values == target) | (values.isnan() & target.isnan())
+    return starts + hit.int().argmax(dim=-1)  # the first hit (clamped repeats come after it)
 
 
 def _wrap_int64(seed: int) -> int:

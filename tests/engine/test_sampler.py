@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from batchgen_data.engine.sampler import SamplingBatch, counter_uniform, first_argmax, sample
@@ -66,3 +67,21 @@ def test_seeded_samples_survive_tiny_logit_changes():
     base = sample(logits, batch)
     nudged = sample(logits * (1 + 1e-6) + 1e-6, batch)
     assert torch.equal(base, nudged)
+
+
+@pytest.mark.parametrize("vocab", [151936, 151937, 5000, 300])
+def test_first_argmax_block_search_keeps_argmax_semantics(vocab):
+    """Ties pick the first, NaN counts as the maximum, a maximum in a partial last block, rows of
+    equal values and of -inf: the same as ``max(dim).indices`` everywhere."""
+    from batchgen_data.engine.sampler import first_argmax
+
+    x = torch.randn(16, vocab, generator=torch.Generator().manual_seed(vocab))
+    x[3, 100] = x[3].max() + 1
+    x[3, 90000 % vocab] = x[3, 100]
+    x[5, 7] = float("nan")
+    x[5, vocab - 1] = float("nan")
+    x[6, vocab - 1] = x[6].max() + 5
+    x[7] = 0.0
+    x[8] = float("-inf")
+    x[8, vocab // 2] = 1.0
+    assert torch.equal(first_argmax(x), x.max(dim=-1).indices)
