@@ -7,7 +7,7 @@ NOTE: a constrained sequence's life here:
            matcher in the start state, advanced over the tokens it has already generated (an
            imported or resumed sequence continues where it was; nothing is lost or repeated);
   bitmask  each step it samples: one int32 row of allowed tokens (bit t of word t // 32),
-           filled for all constrained rows at once on llguidance's threads;
+           filled for all constrained rows on the scheduler's thread;
   accept   each sampled token advances the matcher; once the grammar can go no further the
            sequence finishes with ``"stop"``.
 The matcher lives on the ``Sequence`` (``seq.structured``), so suspension with swap or
@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import FIRST_COMPLETED, wait
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -37,16 +37,12 @@ class StructuredOutputManager:
 
     Args:
         tokenizer_folder, vocab_size, eos_token_ids: the model's (``GrammarCompiler``).
-        num_threads: llguidance threads filling masks (default: the library's choice).
     """
 
-    def __init__(self, tokenizer_folder: str | Path, vocab_size: int, eos_token_ids: frozenset[int],
-                 num_threads: int | None = None):
+    def __init__(self, tokenizer_folder: str | Path, vocab_size: int, eos_token_ids: frozenset[int]):
         self.compiler = GrammarCompiler(tokenizer_folder, vocab_size, eos_token_ids)
         self.vocab_size = vocab_size
         self.num_words = (vocab_size + 31) // 32
-        self._num_threads = num_threads
-        self._executor: Any = None
         self.mask_s = 0.0  # seconds spent filling masks (the benchmark's per-step mask time)
 
     def attach(self, seq: Sequence) -> None:
@@ -86,16 +82,18 @@ class StructuredOutputManager:
             wait(futures, timeout=timeout_s, return_when=FIRST_COMPLETED)
 
     def bitmask(self, seqs: list[Sequence]) -> np.ndarray:
-        """[len(seqs), ceil(V / 32)] int32: each ready sequence's allowed next tokens."""
-        import llguidance
+        """[len(seqs), ceil(V / 32)] int32: each ready sequence's allowed next tokens.
+
+        Filled on this thread, row by row: llguidance's parallel fill hands the rows to a rayon
+        pool whose threads spin after the work and slow the forward that follows (2.3 ms more
+        lm_head time per step on 2 cores), for no gain on a machine torch already keeps busy.
+        """
         import llguidance.numpy as llg_numpy
 
-        if self._executor is None:
-            self._executor = llguidance.LLExecutor(num_threads=self._num_threads)
         start = time.perf_counter()
         mask = np.empty((len(seqs), self.num_words), dtype=np.int32)
-        llg_numpy.fill_next_token_bitmask_par(
-            self._executor, [(seq.structured.matcher, row) for row, seq in enumerate(seqs)], mask)
+        for row, seq in enumerate(seqs):
+            llg_numpy.fill_next_token_bitmask(seq.structured.matcher, mask, row)
         self.mask_s += time.perf_counter() - start
         return mask
 
