@@ -256,14 +256,17 @@ class Scheduler:
                 self.stats.num_resumed_recompute += 1
                 self.stats.num_recomputed_tokens += seq.num_tokens - 1 - seq.num_computed_tokens
         if not self.config.enable_prefix_caching:
-            for seq in list(self.waiting):
-                if len(self.running) >= target:
-                    break
+            compiling: list[Sequence] = []  # set aside while their grammars compile, places kept
+            while self.waiting and len(self.running) < target:
+                seq = self.waiting[0]
                 if not self._grammar_ready(seq):
+                    if self.waiting and self.waiting[0] is seq:  # not taken out for a failed grammar
+                        compiling.append(self.waiting.popleft())
                     continue
                 if not self._admit(seq):
                     break
-                self.waiting.remove(seq)
+                self.waiting.popleft()
+            self.waiting.extendleft(reversed(compiling))
             return swap_in
         self._admit_in_prefix_order(target)
         return swap_in

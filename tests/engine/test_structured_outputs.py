@@ -105,7 +105,8 @@ def test_malformed_constraints_are_config_errors(bad, message):
         SamplingParams(structured_outputs=bad)
 
 
-def test_bad_constraints_are_error_rows_and_neighbours_run(engine):
+@pytest.mark.parametrize("caching", [True, False], ids=["prefix-order", "fifo"])
+def test_bad_constraints_are_error_rows_and_neighbours_run(folder, caching):
     bad = {
         "invalid schema": ({"json": {"type": "objekt"}}, "objekt"),
         "invalid regex": ({"regex": "a(b"}, "unclosed group"),
@@ -114,7 +115,8 @@ def test_bad_constraints_are_error_rows_and_neighbours_run(engine):
     }
     good = _params({"regex": REGEX})
     params = [good] + [_params(c) for c, _ in bad.values()] + [good, _params(None, max_tokens=6)]
-    outs = engine.generate(PROMPTS[:1] * len(params), params)
+    with Engine(folder, EngineConfig(block_size=8, enable_prefix_caching=caching)) as engine:
+        outs = engine.generate(PROMPTS[:1] * len(params), params)
     for out, (name, (_, needle)) in zip(outs[1:], bad.items()):
         assert out.finish_reason == "error" and out.token_ids == [], name
         assert "structured_outputs" in out.error and needle in out.error, (name, out.error)
