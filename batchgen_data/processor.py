@@ -153,7 +153,8 @@ class Processor:
         if self.config.accelerator_type is not None:
             options.update(accelerator_type=self.config.accelerator_type, num_gpus=1)
         dataset = dataset.map_batches(BatchGenOperator, fn_constructor_kwargs=self.config.operator_kwargs(),
-                                      batch_size=self.config.batch_size, batch_format="pyarrow",
+                                      # numpy batches: rows get Ray Data LLM's logprob dicts
+                                      batch_size=self.config.batch_size, batch_format="numpy",
                                       compute=pool, **options)
         if self.postprocess is not None:
             dataset = dataset.map(self.postprocess, **self.postprocess_map_kwargs)

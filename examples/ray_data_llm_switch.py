@@ -10,8 +10,11 @@ The same pipeline on vLLM (Ray Data LLM) reads:
                                        chat_template_stage={"chat_template_kwargs": {"enable_thinking": False}})
 """
 
+import sys
+
 import ray
 
+import prompts
 from batchgen_data import BatchGenProcessorConfig, build_processor
 from prompts import load_tickets
 
@@ -19,6 +22,9 @@ URGENCY = ["low", "medium", "high"]
 
 
 def main(max_tokens: int = 4, num_rows: int = 8) -> list[dict]:
+    # examples/ is not installed, so Ray workers cannot import these modules: ship them by value.
+    for module in (prompts, sys.modules[__name__]):
+        ray.cloudpickle.register_pickle_by_value(module)
     config = BatchGenProcessorConfig(model_source="demo", engine_kwargs={"max_model_len": 4096}, batch_size=16,
                                      concurrency=1, num_cpus=0.5,
                                      chat_template_stage={"chat_template_kwargs": {"enable_thinking": False}})
@@ -38,15 +44,12 @@ def main(max_tokens: int = 4, num_rows: int = 8) -> list[dict]:
 
 def _confidence(logprobs) -> float | None:
     """The probability of the answer's first token, from its logprobs (Ray Data LLM's layout:
-    per position ``{token_id: {"logprob", "rank", "decoded_token"}}``; Arrow may hand a map
-    over as (key, value) pairs)."""
+    per position ``{token_id: {"logprob", "rank", "decoded_token"}}``, the generated token first)."""
     import math
 
     if not logprobs:
         return None
-    first = logprobs[0]
-    entries = list(first.values()) if isinstance(first, dict) else [value for _, value in first]
-    return math.exp(entries[0]["logprob"])  # the generated token comes first
+    return math.exp(next(iter(logprobs[0].values()))["logprob"])
 
 
 if __name__ == "__main__":

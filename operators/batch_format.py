@@ -14,10 +14,13 @@ import numpy as np
 import pyarrow as pa
 from batchgen_data.operators.rows import INPUT_ERROR_COLUMN
 
-# One position's logprobs: {token_id: Logprob} as an Arrow map (read it back as dicts with
-# ``to_pylist(maps_as_pydicts="strict")``).
-LOGPROBS_TYPE = pa.list_(pa.map_(pa.int64(), pa.struct(
-    [("logprob", pa.float64()), ("rank", pa.int64()), ("decoded_token", pa.string())])))
+# Logprobs: Ray Data LLM's rows hold, per position, {token_id: {logprob, rank, decoded_token}};
+# Arrow (and datasets, which has no map type) holds each position as a list of entries with
+# their token_id, the generated or prompt token first.
+LOGPROB_ENTRY = pa.struct([("token_id", pa.int64()), ("logprob", pa.float64()), ("rank", pa.int64()),
+                           ("decoded_token", pa.string())])
+LOGPROBS_TYPE = pa.list_(pa.list_(LOGPROB_ENTRY))
+LOGPROB_COLUMNS = ("logprobs", "prompt_logprobs")
 
 OUTPUT_SCHEMA = pa.schema(
     [
@@ -57,6 +60,9 @@ def with_output_columns(batch: Any, added: dict[str, Any], extra: list[pa.Field]
     the typed ``generated_json``, whose values may be Arrow arrays), in the batch's own format."""
     schema = [*OUTPUT_SCHEMA, *extra]
     names = [field.name for field in schema]
+    ray_numpy = isinstance(batch, Mapping) and batch and all(isinstance(v, np.ndarray) for v in batch.values())
+    if not ray_numpy:  # Arrow-shaped values: logprob entries as lists (see LOGPROBS_TYPE)
+        added = {**added, **{name: [_entry_lists(row) for row in added[name]] for name in LOGPROB_COLUMNS}}
     if isinstance(batch, pa.Table):
         table = batch.drop_columns([c for c in (*names, INPUT_ERROR_COLUMN) if c in batch.column_names])
         for field in schema:
@@ -72,7 +78,7 @@ def with_output_columns(batch: Any, added: dict[str, Any], extra: list[pa.Field]
             frame[name] = typed[name].values
         return frame
     added = {k: v.to_pylist() if isinstance(v, pa.Array) else v for k, v in added.items()}
-    if isinstance(batch, Mapping) and batch and all(isinstance(v, np.ndarray) for v in batch.values()):
+    if ray_numpy:  # Ray Data's numpy batches: Ray Data LLM's dicts, kept as Python objects
         out = {k: v for k, v in batch.items() if k != INPUT_ERROR_COLUMN}
         for field in schema:
             values = added[field.name]
@@ -89,6 +95,13 @@ def with_output_columns(batch: Any, added: dict[str, Any], extra: list[pa.Field]
         kept = {k: batch[k] for k in batch.keys() if k != INPUT_ERROR_COLUMN}
         return {**kept, **{name: list(added[name]) for name in names}}
     raise TypeError(f"unsupported batch type {type(batch).__name__}")
+
+
+def _entry_lists(positions: list | None) -> list | None:
+    """One row's logprobs, ``{token_id: {...}}`` per position, as lists of entries."""
+    if positions is None:
+        return None
+    return [None if p is None else [{"token_id": t, **v} for t, v in p.items()] for p in positions]
 
 
 def _as_array(values: Any, type_: pa.DataType) -> pa.Array:

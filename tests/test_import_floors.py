@@ -23,6 +23,7 @@ FLOORS = {
     "distributed": 3,
     "operators": 4,
     "jobs": 5,
+    "processor": 5,  # Ray Data LLM's processor API over the operator
 }
 
 

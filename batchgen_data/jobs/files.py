@@ -144,7 +144,7 @@ def write_part(output: Path, part: Part, table: pa.Table, fmt: str) -> Path:
         pq.write_table(table, tmp)
     else:
         with open(tmp, "w", encoding="utf-8") as f:
-            for row in table.to_pylist(maps_as_pydicts="strict"):  # logprobs: {token_id: {...}}
+            for row in table.to_pylist():
                 f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())

@@ -82,12 +82,13 @@ def test_malformed_lines_become_error_rows_and_the_others_run(tmp_path, capsys, 
 
 def test_mixed_types_in_a_column_reach_row_validation(tmp_path, capsys):
     code, stdout, _ = _run(capsys, CORPUS / "mixed_types", tmp_path / "out")
-    assert code == 0 and "10 rows" in stdout and "3 error rows" in stdout
+    assert code == 0 and "10 rows" in stdout and "4 error rows" in stdout
     rows = {r["id"]: r for r in _output(tmp_path / "out")}
     assert set(rows) == {"m0", "m1", "m2", "m3", "t0", "t1", "t2", "s0", "s1", "s2"}
     errors = {i: r["__inference_error__"] for i, r in rows.items() if r["__inference_error__"]}
     assert errors == {
-        "m2": "prompt in column 'messages' must be a string, token-id list or messages list, got dict",
+        "m1": "column 'messages': messages must be a list of {role, content} objects, got str",
+        "m2": "column 'messages': messages must be a list of {role, content} objects, got dict",
         "t1": "token ids must be integers, got 'eleven' (str)",
         "s1": "sampling_params must be a dict, got str",
     }

@@ -288,11 +288,7 @@ def test_logprobs_flags_fill_the_logprob_columns(tmp_path, fmt):
     assert main(["run", str(tmp_path / "in.jsonl"), str(tmp_path / "out"), "--logprobs", "2", "--prompt-logprobs", "0",
                  "--max-tokens", "3", "--output-format", fmt, *ENGINE_ARGS]) == 0
     for row in _read_output(tmp_path / "out"):
-        entries = row["logprobs"]
-        if fmt == "parquet":  # an Arrow map: (token id, value) pairs
-            entries = [dict(e) for e in entries]
-        else:  # JSON: token ids as keys
-            entries = [{int(k): v for k, v in e.items()} for e in entries]
+        entries = [{e["token_id"]: e for e in position} for position in row["logprobs"]]  # the token first
         assert [next(iter(e)) for e in entries] == row["generated_tokens"]
         assert all(len(e) in (2, 3) for e in entries)
         assert row["prompt_logprobs"][0] is None and len(row["prompt_logprobs"]) == row["num_input_tokens"]

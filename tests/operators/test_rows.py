@@ -126,8 +126,9 @@ def test_datasets_map_callable_pickles_as_config(demo_path):
 
 @pytest.mark.parametrize("fmt", ["pyarrow", "numpy", "dict"])
 def test_logprob_columns_in_every_batch_format(operator, fmt):
-    """Rows asking for logprobs get Ray Data LLM's per-position dicts (Arrow maps in Arrow
-    batches); the others get nulls."""
+    """Rows asking for logprobs get Ray Data LLM's per-position dicts in Ray's numpy batches, and
+    the same entries as lists (with their token_id) where the batch is Arrow-shaped; the other
+    rows get nulls."""
     from batchgen_data.operators.batch_format import LOGPROBS_TYPE
 
     rows = [{"prompt": "Hello there", "sampling_params": {"logprobs": 2, "prompt_logprobs": 1, "max_tokens": 3}},
@@ -138,12 +139,21 @@ def test_logprob_columns_in_every_batch_format(operator, fmt):
     out = asyncio.run(operator(batch))
     if fmt == "pyarrow":
         assert out.schema.field("logprobs").type == LOGPROBS_TYPE
-        out_rows = out.to_pylist(maps_as_pydicts="strict")
+        out_rows = out.to_pylist()
     else:
         out_rows = [{k: out[k][i] for k in out} for i in range(2)]
     asked, plain = out_rows
-    assert len(asked["logprobs"]) == asked["num_generated_tokens"] == 3
-    for token, entry in zip(asked["generated_tokens"], asked["logprobs"]):
+
+    def as_dict(position):  # Ray Data LLM's form either way
+        if position is None or isinstance(position, dict):
+            return position
+        return {e["token_id"]: {k: e[k] for k in ("logprob", "rank", "decoded_token")} for e in position}
+
+    logprobs = [as_dict(p) for p in asked["logprobs"]]
+    if fmt == "numpy":
+        assert all(isinstance(p, dict) for p in asked["logprobs"])
+    assert len(logprobs) == asked["num_generated_tokens"] == 3
+    for token, entry in zip(asked["generated_tokens"], logprobs):
         assert next(iter(entry)) == token and len(entry) in (2, 3)
         assert set(entry[token]) == {"logprob", "rank", "decoded_token"} and entry[token]["logprob"] <= 0
     assert asked["prompt_logprobs"][0] is None and len(asked["prompt_logprobs"]) == asked["num_input_tokens"]
