@@ -136,10 +136,10 @@ class SamplingParams:
 def normalize_structured_outputs(values: dict) -> dict:
     """``values`` with Ray Data LLM's ``guided_decoding`` renamed ``structured_outputs`` (both
     set is an error)."""
-    if values.get(GUIDED_DECODING_ALIAS) is None:
-        return {k: v for k, v in values.items() if k != GUIDED_DECODING_ALIAS}
-    if values.get("structured_outputs") is not None:
-        raise ConfigError("give structured_outputs or guided_decoding, not both")
     out = {k: v for k, v in values.items() if k != GUIDED_DECODING_ALIAS}
-    out["structured_outputs"] = values[GUIDED_DECODING_ALIAS]
+    alias = values.get(GUIDED_DECODING_ALIAS)
+    if alias is not None:
+        if out.get("structured_outputs") is not None:
+            raise ConfigError("give structured_outputs or guided_decoding, not both")
+        out["structured_outputs"] = alias
     return out

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import signal
 import sys
@@ -137,18 +136,6 @@ def _read_template(value: str | None) -> str | None:
     return value
 
 
-def _json_object(flag: str, text: str | None) -> dict | None:
-    if text is None:
-        return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"{flag} must be a JSON object: {err}") from None
-    if not isinstance(value, dict):
-        raise ConfigError(f"{flag} must be a JSON object, got {text!r}")
-    return value
-
-
 def _structured_outputs(args: argparse.Namespace) -> dict | None:
     """The job-wide ``structured_outputs`` the flags ask for (validated by ``StageConfig``)."""
     if args.json_schema is not None:
@@ -209,6 +196,7 @@ def _main(argv: list[str] | None) -> int:
         # Imported here, inside the handlers: loading them takes seconds, and a Ctrl-C meanwhile
         # must end the same way as one during the job.
         from batchgen_data.config import EngineConfig
+        from batchgen_data.engine.structured.params import parse_json_object
         from batchgen_data.jobs.runner import JobSpec, run_job
         from batchgen_data.operators.rows import StageConfig
 
@@ -230,7 +218,8 @@ def _main(argv: list[str] | None) -> int:
             logprobs=args.logprobs, prompt_logprobs=args.prompt_logprobs,
             structured_outputs=_structured_outputs(args),
             chat_template=_read_template(args.chat_template),
-            chat_template_kwargs=_json_object("--chat-template-kwargs", args.chat_template_kwargs),
+            chat_template_kwargs=None if args.chat_template_kwargs is None else parse_json_object(
+                args.chat_template_kwargs, "--chat-template-kwargs"),
         )
         if args.rows_per_part < 1 or args.workers < 1:
             raise BatchGenError(f"--rows-per-part and --workers must be >= 1, "

@@ -12,8 +12,8 @@ either almost every token (inside a JSON string) or a handful (between fields), 
     logits over the allowed tokens (found in the words that are not zero), which
     ``GrammarPicks`` hands to the sampler;
   * a sampling row allowing fewer is masked whole (its noise is drawn over the whole row anyway).
-For 48 rows of the demo vocabulary this takes well under a millisecond where the libraries' own
-CPU kernels take 14-30 ms (``benchmarks/structured.py``). On CUDA every row is masked whole, the
+For 48 greedy rows of the demo vocabulary this takes ~1.4 ms where the libraries' own CPU
+kernels take 19-30 ms (``benchmarks/structured.py``). On CUDA every row is masked whole, the
 words unpacked on the device with shifts.
 """
 

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from batchgen_data.engine.structured.compiler import GrammarCompiler
-from batchgen_data.engine.structured.params import StructuredOutputsParams
 from batchgen_data.engine.structured.request import StructuredRequest
 from batchgen_data.errors import BatchGenError
 
@@ -41,15 +40,14 @@ class StructuredOutputManager:
 
     def __init__(self, tokenizer_folder: str | Path, vocab_size: int, eos_token_ids: frozenset[int]):
         self.compiler = GrammarCompiler(tokenizer_folder, vocab_size, eos_token_ids)
-        self.vocab_size = vocab_size
         self.num_words = (vocab_size + 31) // 32
         self.mask_s = 0.0  # seconds spent filling masks (the benchmark's per-step mask time)
 
     def attach(self, seq: Sequence) -> None:
         """Start compiling the sequence's grammar (no-op for an unconstrained one)."""
-        params = seq.params.structured_outputs
+        params = seq.params.structured_outputs  # a StructuredOutputsParams since SamplingParams.verify
         if params is not None and seq.structured is None:
-            seq.structured = StructuredRequest(self.compiler.submit(StructuredOutputsParams.from_value(params)))
+            seq.structured = StructuredRequest(self.compiler.submit(params))
 
     def poll(self, seq: Sequence) -> bool:
         """Whether the sequence may run: unconstrained, or its matcher is ready. After a failed

@@ -55,7 +55,7 @@ class StructuredOutputsParams:
                 + (f"; got {len(set_kinds)}: {set_kinds}" if set_kinds else "; got none")
             )
         if self.json is not None:
-            object.__setattr__(self, "json", _schema(self.json))
+            object.__setattr__(self, "json", parse_json_object(self.json, "structured_outputs json"))
         if self.regex is not None and (not isinstance(self.regex, str) or not self.regex):
             raise ConfigError(f"structured_outputs regex must be a non-empty string, got {self.regex!r}")
         if self.choice is not None:
@@ -117,14 +117,16 @@ class StructuredOutputsParams:
         return cls(**fields)
 
 
-def _schema(value: Any) -> dict:
+def parse_json_object(value: Any, what: str) -> dict:
+    """``value`` (a dict, or JSON text holding an object) as a dict; a ``ConfigError`` naming
+    ``what`` otherwise."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except json.JSONDecodeError as err:
-            raise ConfigError(f"structured_outputs json is not valid JSON: {err}") from None
+            raise ConfigError(f"{what} is not valid JSON: {err}") from None
     if not isinstance(value, dict):
-        raise ConfigError(f"structured_outputs json must be a JSON Schema object, got {type(value).__name__}")
+        raise ConfigError(f"{what} must be a JSON object, got {type(value).__name__}")
     return value
 
 
