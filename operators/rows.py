@@ -65,9 +65,9 @@ class StageConfig:
             raises instead.
         max_tokens, temperature, top_p, top_k, seed, stop, stop_token_ids, ignore_eos,
             skip_special_tokens, logprobs, prompt_logprobs, structured_outputs: defaults for rows
-            without their own
-            ``sampling_params``, with vLLM's names and defaults (``max_tokens`` 16, ``top_p``
-            1.0, ...) except ``temperature``, 0 (greedy) here; see ``STAGE_SAMPLING_DEFAULTS``.
+            without their own ``sampling_params``, with vLLM's names and defaults
+            (``max_tokens`` 16, ``top_p`` 1.0, ...) except ``temperature``, 0 (greedy) here; see
+            ``STAGE_SAMPLING_DEFAULTS``.
             A ``structured_outputs`` JSON schema for an object also adds the typed
             ``generated_json`` column (see ``json_column.py``); a row's own
             ``structured_outputs`` or ``guided_decoding`` replaces the default.
@@ -319,21 +319,14 @@ def _row_params(value: Any, defaults: SamplingParams) -> SamplingParams:
         # Arrow structs give every key (null where a row did not set it): null means "default".
         own = normalize_structured_outputs({k: _coerce(k, v) for k, v in value.items() if not _is_null(v)})
         if isinstance(own.get("structured_outputs"), dict):
-            own["structured_outputs"] = _arrow_constraint(own["structured_outputs"])
+            # As Arrow hands a constraint over, a struct gives every field of the column (null
+            # where this row has none): a JSON schema loses its null-valued keys (a schema
+            # keyword is never null; ``"const": null`` is the one loss, and rare).
+            own["structured_outputs"] = _drop_nulls(own["structured_outputs"])
         merged.update(own)
         return SamplingParams.from_dict(merged)
     except ConfigError as err:
         raise RowError(f"invalid sampling_params: {err}") from None
-
-
-def _arrow_constraint(constraint: dict) -> dict:
-    """A row's constraint as Arrow hands it over: a struct gives every field of the column (null
-    where this row's value has none), so a JSON schema object loses its null-valued keys (a
-    schema keyword is never null; ``"const": null`` is the one loss, and rare)."""
-    constraint = {k: v for k, v in constraint.items() if not _is_null(v)}
-    if isinstance(constraint.get("json"), dict):
-        constraint["json"] = _drop_nulls(constraint["json"])
-    return constraint
 
 
 def _drop_nulls(value: Any) -> Any:
