@@ -39,7 +39,7 @@ import logging
 import pickle
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from batchgen_data.operators.restart import exit_for_restart
 from batchgen_data.operators.rows import RowResult
@@ -73,6 +73,16 @@ class RebalanceStats:
     num_recomputed_tokens: int = 0  # KV rebuilt from tokens in this actor's engine
     idle_s: float = 0.0
     busy_s: float = 0.0
+    num_pool_calls: int = 0  # lease round trips to the coordinator
+    pool_call_s: float = 0.0  # seconds this actor's loop spent awaiting them
+    migrated_out_bytes: int = 0  # KV shipped with the sequences it gave back
+    migrate_out_s: float = 0.0  # seconds its engine spent exporting them
+    events: list = field(default_factory=list)  # (wall time, what, seconds, count, bytes) of each move
+
+
+def _kv_bytes(state) -> int:
+    kv = getattr(state, "kv", None)
+    return 0 if kv is None else kv.numel() * kv.element_size()
 
 
 def _stage_coordinator_name(stage_key: str) -> str:
@@ -173,8 +183,7 @@ class RebalanceClient:
                     last_heartbeat = now
                 # Ask even with no room while a call is open: it marks this actor active, so the
                 # pool saves it a fair share of other owners' rows for when room frees up.
-                reply = (await coordinator.lease.remote(self.worker_id, room, num_running, free_slots)
-                         if self._open_calls else LeaseReply())
+                reply = await self._lease(coordinator, room, num_running, free_slots)
             except Exception as err:
                 logger.warning("work pool unavailable (%s); this actor stops pulling work", err)
                 self._coordinator_ok = False
@@ -187,10 +196,30 @@ class RebalanceClient:
                 task.add_done_callback(self._tasks.discard)
             self.stats.num_leased += len(reply.items)
             if reply.give_back:
-                self.stats.num_given_back += await self._migrate_out(reply.give_back)
+                started = time.monotonic()
+                moved = await self._migrate_out(reply.give_back)
+                self.stats.num_given_back += moved
+                self.stats.migrate_out_s += time.monotonic() - started
+                self._event("give_back", time.monotonic() - started, moved)
             # A full engine only reports its load (for the tail split): poll it less often, so
             # the actor's event loop and the coordinator take less CPU from the engine thread.
             await self._sleep_until_woken(0 if reply.items else _IDLE_POLL_S if room > 0 else _FULL_POLL_S)
+
+    async def _lease(self, coordinator, room: int, num_running: int, free_slots: int) -> LeaseReply:
+        if not self._open_calls:
+            return LeaseReply()
+        started = time.monotonic()
+        reply = await coordinator.lease.remote(self.worker_id, room, num_running, free_slots)
+        self.stats.num_pool_calls += 1
+        self.stats.pool_call_s += time.monotonic() - started
+        continued = sum(1 for item in reply.items if item.state is not None)
+        if continued:
+            self._event("continue", time.monotonic() - started, continued,
+                        sum(_kv_bytes(item.state) for item in reply.items if item.state is not None))
+        return reply
+
+    def _event(self, what: str, seconds: float, count: int, num_bytes: int = 0) -> None:
+        self.stats.events.append((time.time(), what, seconds, count, num_bytes))
 
     async def _sleep_until_woken(self, timeout_s: float) -> None:
         """Sleep until the poll interval ends or one of this actor's items finishes (its slot
@@ -222,6 +251,7 @@ class RebalanceClient:
         except EngineDeadError:
             exit_for_restart()
         if isinstance(out, MigratedOut):  # taken away at the tail: the pool hands it on
+            self.stats.migrated_out_bytes += _kv_bytes(out.state)
             try:
                 await self._handle().give_back.remote(self.worker_id, item_id, out.state, len(out.state.output_token_ids))
             except Exception as err:  # the lease expires and the item is redone from its start
