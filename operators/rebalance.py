@@ -36,10 +36,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 import pickle
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from batchgen_data.operators.restart import exit_for_restart
 from batchgen_data.operators.rows import RowResult
@@ -51,6 +52,7 @@ from batchgen_data.distributed.coordinator import (
     coordinator_name,
     get_or_create_coordinator,
 )
+from batchgen_data.distributed.move_planner import WorkerProgress
 from batchgen_data.engine.migration import MigrationCosts
 from batchgen_data.engine.async_engine import AsyncEngine, MigratedOut
 from batchgen_data.engine.sampling_params import SamplingParams
@@ -61,6 +63,7 @@ logger = logging.getLogger(__name__)
 _HEARTBEAT_S = 2.0
 _IDLE_POLL_S = 0.05
 _FULL_POLL_S = 0.25
+_MIN_POLL_S = 0.005
 
 
 @dataclass(slots=True)
@@ -118,6 +121,9 @@ class RebalanceClient:
         self._items_in_flight = 0
         self._pool_outstanding = 0
         self._slot_freed = asyncio.Event()
+        self._call_s = 0.005  # lease round trip, moving average (measured)
+        self._step_s_hint = 0.05  # the engine's step at its current running set (measured)
+        engine.report_progress = True
 
     def _handle(self):
         if self._coordinator is None:
@@ -169,13 +175,17 @@ class RebalanceClient:
             else:
                 self.stats.busy_s += now - last
             last = now
+            progress = self._progress()
+            step_s = self._step_s(progress)
+            soon, wake_s = self._slots_freeing_soon(progress.seqs, step_s)
             # Items leased a moment ago may not have reached the engine yet (their tasks have
             # not run, or the engine thread holds them between its inbox and its scheduler):
-            # count them, or the loop leases again for the same slots.
-            num_running = max(self.engine.num_unfinished, self._items_in_flight)
-            free_slots = max(0, self.engine.engine.max_running_seqs - num_running)
+            # count them, or the loop leases again for the same slots. Slots whose sequence ends
+            # within the lease round trip count as free: the next item arrives as they free up.
+            occupied = max(self.engine.num_unfinished, self._items_in_flight)
+            room = max(0, progress.slots + soon - occupied)
             # No call to keep it alive: Ray Data may stop this actor at any moment, so no lease.
-            room = free_slots if self._open_calls else 0
+            room = room if self._open_calls else 0
             try:
                 coordinator = self._handle()
                 if now - last_heartbeat > _HEARTBEAT_S:
@@ -183,7 +193,7 @@ class RebalanceClient:
                     last_heartbeat = now
                 # Ask even with no room while a call is open: it marks this actor active, so the
                 # pool saves it a fair share of other owners' rows for when room frees up.
-                reply = await self._lease(coordinator, room, num_running, free_slots)
+                reply = await self._lease(coordinator, room, progress)
             except Exception as err:
                 logger.warning("work pool unavailable (%s); this actor stops pulling work", err)
                 self._coordinator_ok = False
@@ -202,19 +212,55 @@ class RebalanceClient:
                 self.stats.migrate_out_s += time.monotonic() - started
                 self._event("give_back", time.monotonic() - started, moved)
             # A full engine only reports its load (for the tail split): poll it less often, so
-            # the actor's event loop and the coordinator take less CPU from the engine thread.
-            await self._sleep_until_woken(0 if reply.items else _IDLE_POLL_S if room > 0 else _FULL_POLL_S)
+            # the actor's event loop and the coordinator take less CPU from the engine thread,
+            # but wake in time to lease for the next slot about to free.
+            await self._sleep_until_woken(0 if reply.items else _IDLE_POLL_S if room > 0
+                                          else min(_FULL_POLL_S, max(_MIN_POLL_S, wake_s)))
 
-    async def _lease(self, coordinator, room: int, num_running: int, free_slots: int) -> LeaseReply:
+    def _progress(self) -> WorkerProgress:
+        """This actor's load report: its engine's sequences, step times and move costs."""
+        seqs = self.engine.progress
+        return WorkerProgress(
+            slots=self.engine.engine.max_running_seqs, seqs=seqs, step=replace(self.engine.engine.step_sums),
+            move_s_per_token=self.engine.move_s_per_token,
+            # A give-back and the receiver's lease (two round trips), its poll, and the step the
+            # export waits for.
+            move_latency_s=2 * self._call_s + _IDLE_POLL_S + self._step_s_hint,
+            num_incoming=max(0, self._items_in_flight - len(seqs)))
+
+    def _step_s(self, progress: WorkerProgress) -> float:
+        model = progress.step.fit()
+        running = sum(1 for s in progress.seqs if s.started)
+        if model is not None and running:
+            self._step_s_hint = model.step_s(running)
+        return self._step_s_hint
+
+    def _slots_freeing_soon(self, seqs, step_s: float) -> tuple[int, float]:
+        """Running sequences whose budget ends within one lease round trip (their slots can be
+        leased for now), and the seconds until the next one gets that close."""
+        lead = 1 + math.ceil((self._call_s + _IDLE_POLL_S) / step_s) if step_s > 0 else 1
+        soon, wake_s = 0, _FULL_POLL_S
+        for seq in seqs:
+            if seq.started:
+                left = seq.max_tokens - seq.num_generated
+                if left <= lead:
+                    soon += 1
+                else:
+                    wake_s = min(wake_s, (left - lead) * step_s)
+        return soon, wake_s
+
+    async def _lease(self, coordinator, room: int, progress: WorkerProgress) -> LeaseReply:
         if not self._open_calls:
             return LeaseReply()
         started = time.monotonic()
-        reply = await coordinator.lease.remote(self.worker_id, room, num_running, free_slots)
+        reply = await coordinator.lease.remote(self.worker_id, room, progress)
+        elapsed = time.monotonic() - started
+        self._call_s += 0.1 * (elapsed - self._call_s)
         self.stats.num_pool_calls += 1
-        self.stats.pool_call_s += time.monotonic() - started
+        self.stats.pool_call_s += elapsed
         continued = sum(1 for item in reply.items if item.state is not None)
         if continued:
-            self._event("continue", time.monotonic() - started, continued,
+            self._event("continue", elapsed, continued,
                         sum(_kv_bytes(item.state) for item in reply.items if item.state is not None))
         return reply
 
@@ -263,7 +309,7 @@ class RebalanceClient:
             self.stats.num_run_for_others += 1
         result = asdict(RowResult.from_output(out))
         try:
-            await self._handle().complete.remote(self.worker_id, item_id, result)
+            await self._handle().complete.remote(self.worker_id, item_id, result, out.num_generated_tokens)
         except Exception as err:
             logger.warning("could not report a result to the work pool: %s", err)
 

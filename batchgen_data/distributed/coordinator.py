@@ -15,6 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from batchgen_data.distributed.move_planner import WorkerProgress
 from batchgen_data.distributed.work_pool import WorkPool
 
 NAMESPACE = "batchgen"
@@ -33,7 +34,7 @@ class LeasedItem:
 @dataclass(slots=True)
 class LeaseReply:
     items: list[LeasedItem] = field(default_factory=list)
-    give_back: int = 0  # PARTITION: running sequences this worker should hand to idle workers
+    give_back: int = 0  # PARTITION: sequences this worker should hand on (``plan_moves``)
     num_outstanding: int = 0  # pending plus leased items of the whole stage
 
 
@@ -76,10 +77,10 @@ class Coordinator:
         self._touch()
         return results
 
-    async def lease(self, worker: str, max_items: int, num_running: int = 0, free_slots: int = 0) -> LeaseReply:
+    async def lease(self, worker: str, max_items: int, progress: WorkerProgress | None = None) -> LeaseReply:
         self._touch()
         now = time.monotonic()
-        items = self.pool.lease(worker, max_items, now, num_running, free_slots)
+        items = self.pool.lease(worker, max_items, now, progress)
         return LeaseReply(
             items=[LeasedItem(i.item_id, i.prompt, i.params, i.owner, i.state, i.movable) for i in items],
             give_back=self.pool.partition_share(worker, now),
@@ -90,9 +91,9 @@ class Coordinator:
         self._touch()
         return self.pool.give_back(worker, item_id, state, num_generated, time.monotonic())
 
-    async def complete(self, worker: str, item_id: str, result: Any) -> bool:
+    async def complete(self, worker: str, item_id: str, result: Any, num_generated: int | None = None) -> bool:
         self._touch()
-        recorded = self.pool.complete(worker, item_id, result)
+        recorded = self.pool.complete(worker, item_id, result, num_generated)
         batch_key = item_id.rsplit("/", 1)[0]
         if recorded and self.pool.batch_done(batch_key) and batch_key in self._done_events:
             self._done_events[batch_key].set()

@@ -19,12 +19,15 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from batchgen_data.distributed.move_planner import MovePlan, OutputLengths, WorkerProgress, plan_moves
 from batchgen_data.engine.sampling_params import SamplingParams
+from batchgen_data.engine.step_model import StepSums
 
 # A worker that asked for work this recently counts as active when sharing out pending items.
 _ACTIVE_WINDOW_S = 1.0
 # After giving sequences back, a worker is not asked again for this long (the receivers'
-# load reports must catch up first, or the pool would over-give).
+# load reports must catch up first, or the pool would over-give): with the planner's gain
+# margin, the time half of the hysteresis.
 _PARTITION_COOLDOWN_S = 1.0
 # How long a given-back sequence is kept from the worker that gave it back.
 _GIVEN_BACK_RESERVE_S = 1.0
@@ -74,16 +77,13 @@ class WorkItem:
         return self.num_moves < _MAX_MOVES
 
     @property
-    def cost(self) -> int:
-        """Work estimate in tokens: the output budget left dominates a decode-bound batch job."""
-        max_tokens = self.params.get("max_tokens") or SamplingParams.defaults()["max_tokens"]
-        return max(0, int(max_tokens) - self.num_generated) + 1
+    def max_tokens(self) -> int:
+        return int(self.params.get("max_tokens") or SamplingParams.defaults()["max_tokens"])
 
 
 @dataclass(slots=True)
 class _Load:
-    num_running: int  # sequences in the worker's engine (running and waiting)
-    free_slots: int  # running slots it leaves empty right now (max_num_seqs - num_running)
+    progress: WorkerProgress  # the worker's last load report
     seen: float
 
 
@@ -101,6 +101,8 @@ class PoolCounters:
     num_requeued: int = 0  # leases returned after a worker death or expiry (work redone)
     num_duplicates_dropped: int = 0
     num_migrated: int = 0  # started sequences given back at the tail and continued elsewhere
+    num_moves_planned: int = 0  # tail plans that asked a worker to give sequences back
+    num_moves_declined: int = 0  # tail plans whose estimated gain missed the margin (nothing moved)
     leased_by_worker: dict = field(default_factory=dict)
 
 
@@ -117,6 +119,8 @@ class WorkPool:
         self.loads: dict[str, _Load] = {}
         self.last_gave: dict[str, float] = {}
         self.prefixes: dict[str, OrderedDict] = {}  # worker -> prefix keys it leased lately
+        self.lengths = OutputLengths()  # the job's finished output lengths, by max_tokens
+        self.last_plans: dict[str, MovePlan] = {}  # worker -> its last tail plan (diagnostics)
         self.counters = PoolCounters()
 
     # -- owners ---------------------------------------------------------------------------------
@@ -151,8 +155,14 @@ class WorkPool:
 
     # -- workers --------------------------------------------------------------------------------
 
-    def lease(self, worker: str, max_items: int, now: float, num_running: int = 0,
-              free_slots: int = 0) -> list[WorkItem]:
+    def cost(self, item: WorkItem) -> float:
+        """Work estimate in tokens: the output an item has left (its ``max_tokens`` budget,
+        lowered by the lengths of finished rows with the same budget) dominates a decode-bound
+        batch job."""
+        return self.lengths.tokens_left(item.num_generated, item.max_tokens) + 1
+
+    def lease(self, worker: str, max_items: int, now: float, progress: WorkerProgress | None = None,
+              ) -> list[WorkItem]:
         """Up to ``max_items`` pending items, the longest first; among equals, those whose
         prompt prefix the worker ran lately (its engine likely holds that prefix's KV: cache
         affinity), then the worker's own.
@@ -160,12 +170,13 @@ class WorkPool:
         A worker holds at most its fair share of the outstanding work (pending plus leased, in
         estimated tokens, over the active workers, active = asked recently), so an owner does not
         hoard long rows another actor would start now. A worker holding nothing always gets one.
-        ``num_running`` (sequences in its engine) and ``free_slots`` (running slots it leaves
-        empty) are its load report for ``partition_share``.
+        ``progress`` (its engine's sequences, step times and move cost) is its load report for
+        ``partition_share``.
         """
         self.expire(now)
         self.last_seen[worker] = now
-        self.loads[worker] = _Load(num_running, max(0, free_slots), now)
+        if progress is not None:
+            self.loads[worker] = _Load(progress, now)
         taken: list[WorkItem] = []
         if max_items <= 0 or not self.pending:
             return taken
@@ -174,11 +185,12 @@ class WorkPool:
         # (longest-processing-time-first, the classic makespan rule for parallel machines).
         leasable = [i for i in self.pending if not self._kept_from(self.items[i], worker, now)]
         mine = self.prefixes.setdefault(worker, OrderedDict())
-        leasable.sort(key=lambda i: (-self.items[i].cost, self.items[i].prefix not in mine,
+        cost = {i: self.cost(self.items[i]) for i in (*self.pending, *self.leases)}
+        leasable.sort(key=lambda i: (-cost[i], self.items[i].prefix not in mine,
                                      self.items[i].owner != worker))
         active = sum(1 for t in self.last_seen.values() if now - t < _ACTIVE_WINDOW_S)
-        held = sum(self.items[i].cost for i, lease in self.leases.items() if lease.worker == worker)
-        outstanding = sum(self.items[i].cost for i in self.pending) + sum(self.items[i].cost for i in self.leases)
+        held = sum(cost[i] for i, lease in self.leases.items() if lease.worker == worker)
+        outstanding = sum(cost.values())
         quota = -(-outstanding // max(active, 1)) - held
         if quota <= 0 and held > 0:
             return taken  # over its share already; a worker holding nothing always gets one item
@@ -186,10 +198,10 @@ class WorkPool:
         for item_id in leasable:
             if len(chosen) == max_items:
                 break
-            if chosen and quota < self.items[item_id].cost:
+            if chosen and quota < cost[item_id]:
                 continue  # a shorter one further on may still fit the share
             chosen.append(item_id)
-            quota -= self.items[item_id].cost
+            quota -= cost[item_id]
         for item_id in chosen:
             self.pending.remove(item_id)
             item = self.items[item_id]
@@ -207,22 +219,31 @@ class WorkPool:
         return taken
 
     def partition_share(self, worker: str, now: float) -> int:
-        """PARTITION at the tail: how many running sequences ``worker`` should give back.
+        """PARTITION at the tail: how many of its sequences ``worker`` should give back.
 
-        Only once nothing is pending (idle actors take unstarted work first): for each other
-        active worker with empty running slots, half the gap between the two, at most its empty
-        slots. Two full workers exchange nothing, however uneven their waiting queues.
+        Only once nothing is pending (idle actors take unstarted work first), not within the
+        cooldown after its last give-back, and only as many as ``plan_moves`` finds worth it:
+        the workers' reported sequences, the stage's pooled step times and the learned output
+        lengths must show the later finish time of giver and receivers dropping by more than
+        the planner's margin, net of the moves' cost. Otherwise nothing moves.
         """
         me = self.loads.get(worker)
         if self.pending or me is None or now - self.last_gave.get(worker, -1e9) < _PARTITION_COOLDOWN_S:
             return 0
-        give = 0
-        for other, load in self.loads.items():
-            if other == worker or now - load.seen > _ACTIVE_WINDOW_S or load.free_slots <= 0:
-                continue
-            gap = me.num_running - give - load.num_running
-            give += max(0, min(gap // 2, load.free_slots))
-        return give
+        active = {w: load.progress for w, load in self.loads.items() if now - load.seen <= _ACTIVE_WINDOW_S}
+        receivers = [p for w, p in active.items() if w != worker and p.free_slots > 0]
+        if not receivers or not any(s.movable for s in me.progress.seqs):
+            return 0
+        pooled = StepSums()
+        for progress in active.values():
+            pooled = pooled.merged(progress.step)
+        plan = plan_moves(me.progress, receivers, self.lengths, pooled.fit())
+        self.last_plans[worker] = plan
+        if plan.count:
+            self.counters.num_moves_planned += 1
+        elif plan.gain_s > 0:
+            self.counters.num_moves_declined += 1
+        return plan.count
 
     def give_back(self, worker: str, item_id: str, state: Any, num_generated: int, now: float) -> bool:
         """End a lease with the sequence's exported state: the item is pending again, to be
@@ -250,12 +271,15 @@ class WorkPool:
             if lease.worker == worker:
                 lease.deadline = now + self.lease_timeout_s
 
-    def complete(self, worker: str, item_id: str, result: Any) -> bool:
-        """Record a result; False if the item already has one (or is gone)."""
+    def complete(self, worker: str, item_id: str, result: Any, num_generated: int | None = None) -> bool:
+        """Record a result (``num_generated``: its output length, learned for estimates);
+        False if the item already has one (or is gone)."""
         if item_id not in self.items or item_id in self.results:
             self.counters.num_duplicates_dropped += 1
             return False
         self.results[item_id] = result
+        if num_generated is not None:
+            self.lengths.record(self.items[item_id].max_tokens, num_generated)
         self.leases.pop(item_id, None)
         if item_id in self.pending:  # finished by a worker whose lease had expired
             self.pending.remove(item_id)

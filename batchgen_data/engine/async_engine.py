@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from batchgen_data.engine.engine import Engine
-from batchgen_data.engine.migration import MovePolicy, pick_to_move
+from batchgen_data.engine.migration import MigrationCosts, MovePolicy, SeqProgress, pick_to_move
 from batchgen_data.engine.outputs import GenerationOutput
 from batchgen_data.engine.requests import pair_requests
 from batchgen_data.engine.sampling_params import SamplingParams
@@ -24,6 +24,8 @@ from batchgen_data.engine.sequence import EXPORTABLE, Sequence, SequenceState, S
 from batchgen_data.errors import EngineDeadError
 
 logger = logging.getLogger(__name__)
+
+_COSTS_EVERY_STEPS = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +81,13 @@ class AsyncEngine:
         self._error: BaseException | None = None
         self._closed = False
         self._live: dict[int, _Live] = {}  # engine thread only
+        # Published by the engine thread after every step while ``report_progress`` is on (read
+        # by the rebalancer's lease loop): its sequences, running ones first, and what moving
+        # one computed token costs (``MigrationCosts``, refreshed every few steps).
+        self.report_progress = False
+        self.progress: tuple[SeqProgress, ...] = ()
+        self.move_s_per_token = 0.0
+        self._steps_since_costs = _COSTS_EVERY_STEPS
 
     @property
     def is_dead(self) -> bool:
@@ -184,6 +193,9 @@ class AsyncEngine:
                         entry = live.pop(seq.request_id, None)
                         if entry is not None:
                             entry.deliver(self.engine.to_output(seq))
+                    self._steps_since_costs += 1
+                if self.report_progress:
+                    self._publish_progress()
         except BaseException as err:  # the engine is unusable: fail every waiter loudly
             logger.exception("batchgen engine thread failed")
             self._error = err
@@ -196,6 +208,14 @@ class AsyncEngine:
                     break
                 if item is not None:
                     item.deliver(err)
+
+    def _publish_progress(self) -> None:
+        seqs = [SeqProgress.of(entry.seq, entry.movable) for entry in self._live.values()
+                if entry.seq.status in EXPORTABLE]
+        self.progress = tuple(sorted(seqs, key=lambda p: not p.started))  # running ones first
+        if self._steps_since_costs >= _COSTS_EVERY_STEPS:
+            self._steps_since_costs = 0
+            self.move_s_per_token = MigrationCosts.of_engine(self.engine).move_s_per_token()
 
     def _accept(self, item: _Submission) -> None:
         if item.state is not None:

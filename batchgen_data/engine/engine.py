@@ -26,6 +26,7 @@ from batchgen_data.engine.requests import pair_requests
 from batchgen_data.engine.sampling_params import SamplingParams
 from batchgen_data.engine.sequence import Sequence, SequenceState, SequenceStatus
 from batchgen_data.engine.stats import EngineStats
+from batchgen_data.engine.step_model import StepSums
 from batchgen_data.engine.timeline import StepTimeline
 from batchgen_data.engine.tokenizer import ChatPrompt, PromptTokenizer
 from batchgen_data.errors import BatchGenError, ConfigError, RequestError
@@ -66,6 +67,7 @@ class Engine:
         self._num_finished = 0
         self._busy_s = 0.0
         self._timeline = StepTimeline(self._now)
+        self.step_sums = StepSums()  # how step time grows with the running set (rebalancing reads it)
         self._token_texts: dict[int, str] = {}
 
     def _make_executor(self, model_config: ModelConfig) -> Executor:
@@ -140,8 +142,10 @@ class Engine:
         elapsed = time.perf_counter() - t0
         self._busy_s += elapsed
         self._num_finished += len(finished)
+        fields = self.executor.step_fields()
+        self.step_sums.observe(fields["num_running"], fields["num_tokens"], elapsed)
         if self.config.collect_timeline:
-            self._timeline.record(elapsed, self.executor.step_fields())
+            self._timeline.record(elapsed, fields)
         return finished
 
     @property

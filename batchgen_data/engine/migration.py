@@ -27,9 +27,29 @@ DEFAULT_TRANSFER_BYTES_PER_S = 1e9
 DEFAULT_MOVE_LATENCY_S = 0.1
 
 
+@dataclass(frozen=True, slots=True)
+class SeqProgress:
+    """Where one sequence of an engine stands, as a rebalancer weighs moving it."""
+
+    num_generated: int
+    max_tokens: int
+    num_tokens: int  # prompt plus output: the KV a move ships or the receiver recomputes
+    started: bool  # running or suspended (False: waiting, nothing computed yet)
+    movable: bool = True
+
+    @classmethod
+    def of(cls, seq: Sequence, movable: bool = True) -> SeqProgress:
+        return cls(seq.num_generated, seq.params.max_tokens, seq.num_tokens,
+                   seq.status is not SequenceStatus.WAITING, movable)
+
+
 class MovePolicy(Protocol):
     """Which sequences are worth moving to another engine, and whether their KV travels
     (``MigrationCosts`` is the one the project uses)."""
+
+    def move_s_per_token(self) -> float:
+        """What moving one more computed token costs: shipping its KV or recomputing it."""
+        return min(self.kv_bytes_per_token / self.transfer_bytes_per_s, 1.0 / self.recompute_tokens_per_s)
 
     def worth_moving(self, seq: Sequence) -> bool: ...
 
@@ -72,6 +92,10 @@ class MigrationCosts:
     def move_s(self, seq: Sequence) -> float:
         tokens = seq.num_computed_tokens
         return self.latency_s + min(self.transfer_s(tokens), self.recompute_s(seq.num_tokens))
+
+    def move_s_per_token(self) -> float:
+        """What moving one more computed token costs: shipping its KV or recomputing it."""
+        return min(self.kv_bytes_per_token / self.transfer_bytes_per_s, 1.0 / self.recompute_tokens_per_s)
 
     def worth_moving(self, seq: Sequence) -> bool:
         return self.move_s(seq) < 0.5 * seq.num_tokens_left * self.step_s

@@ -7,7 +7,10 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from batchgen_data.distributed.move_planner import WorkerProgress
 from batchgen_data.distributed.work_pool import WorkPool
+from batchgen_data.engine.migration import SeqProgress
+from batchgen_data.engine.step_model import StepSums
 
 
 def _rows(n: int) -> list[tuple[str, dict]]:
@@ -67,30 +70,54 @@ def test_retried_batch_gets_the_same_results_once_per_waiter():
     assert not pool.batches
 
 
-def test_partition_at_the_tail_halves_the_gap_and_hands_the_state_on():
+def _steps(base_s: float, per_seq_s: float) -> StepSums:
+    """Step sums of an engine whose steps took ``base_s + per_seq_s * n`` at n = 1..8."""
+    sums = StepSums()
+    for n in list(range(1, 9)) * 4:
+        sums.observe(n, n, base_s + per_seq_s * n)
+    return sums
+
+
+def _progress(seqs: list[tuple[int, int]], steps: StepSums, slots: int = 8) -> WorkerProgress:
+    """A worker's report: its running sequences as (generated, max_tokens)."""
+    return WorkerProgress(slots, tuple(SeqProgress(g, m, 20 + g, True) for g, m in seqs), steps,
+                          move_s_per_token=1e-5, move_latency_s=0.1)
+
+
+def test_tail_moves_follow_the_plan_and_hand_the_state_on():
     pool = WorkPool()
     pool.submit("a", "busy", [(f"p{i}", {"max_tokens": 100}) for i in range(8)])
     pool.lease("idle", 0, now=0.0)
-    taken = pool.lease("busy", 8, now=0.1, num_running=0) + pool.lease("busy", 8, now=0.1)
+    taken = pool.lease("busy", 8, now=0.1) + pool.lease("busy", 8, now=0.1)
     taken += pool.lease("idle", 8, now=0.2)
     assert not pool.pending and len(taken) == 8
     for item in [i for i in taken if i.item_id in pool.leases and pool.leases[i.item_id].worker == "idle"]:
         pool.complete("idle", item.item_id, "r")
-    pool.lease("idle", 8, now=1.0, num_running=0, free_slots=8)  # idle again, slots empty
     busy_held = [i for i, lease in pool.leases.items() if lease.worker == "busy"]
-    pool.lease("busy", 0, now=1.1, num_running=len(busy_held))
+    cpu_like = _steps(0.008, 0.003)  # each running sequence adds 3 ms to a step
+    pool.lease("idle", 8, now=1.0, progress=_progress([], cpu_like))  # idle again, slots empty
+    pool.lease("busy", 0, now=1.1, progress=_progress([(10, 100)] * len(busy_held), cpu_like))
+    # Halving the busy one's running set saves ~90 steps x 3 ms x half of it: the plan splits it.
     assert pool.partition_share("busy", now=1.1) == len(busy_held) // 2
-    pool.lease("idle", 8, now=1.15, num_running=0, free_slots=0)  # no empty slots: nothing to give
-    assert pool.partition_share("busy", now=1.15) == 0
-    pool.lease("idle", 8, now=1.2, num_running=0, free_slots=8)
+    assert pool.counters.num_moves_planned == 1
     assert pool.partition_share("idle", now=1.1) == 0  # the idle one gives nothing
+    # Steps that do not get cheaper with fewer sequences (an accelerator's decode): no gain.
+    flat = _steps(0.03, 0.0)
+    pool.lease("idle", 8, now=1.12, progress=_progress([], flat))
+    pool.lease("busy", 0, now=1.12, progress=_progress([(10, 100)] * len(busy_held), flat))
+    assert pool.partition_share("busy", now=1.12) == 0
+    # A receiver with no empty slots takes nothing.
+    pool.lease("idle", 8, now=1.15, progress=_progress([(0, 8)] * 8, cpu_like))
+    pool.lease("busy", 0, now=1.15, progress=_progress([(10, 100)] * len(busy_held), cpu_like))
+    assert pool.partition_share("busy", now=1.15) == 0
+    pool.lease("idle", 8, now=1.2, progress=_progress([], cpu_like))
     moved = busy_held[0]
     assert pool.give_back("busy", moved, state={"tokens": [1, 2, 3]}, num_generated=3, now=1.2)
     assert pool.partition_share("busy", now=1.3) == 0  # something is pending again, and cooldown
     assert pool.lease("busy", 8, now=1.3) == []  # the giver does not take it back ...
     [continued] = pool.lease("idle", 8, now=1.4)
     assert continued.item_id == moved and continued.state == {"tokens": [1, 2, 3]}
-    assert continued.cost == 100 - 3 + 1 and continued.movable
+    assert pool.cost(continued) == 100 - 3 + 1 and continued.movable
     assert not pool.give_back("busy", moved, state=None, num_generated=0, now=1.5)  # not its lease now
     pool.complete("idle", moved, "r")
     assert pool.counters.num_migrated == 1
@@ -175,8 +202,7 @@ def _simulate_packing(lens: list[int], num_workers: int = 2, slots: int = 32, pr
                 pool.complete(w, row[0], "done")
         for w in workers:
             held = len(running[w]) + len(waiting[w])
-            free = max(0, slots - held)
-            for item in pool.lease(w, slots + prefetch - held, now, held, free):
+            for item in pool.lease(w, slots + prefetch - held, now):
                 waiting[w].append([item.item_id, item.params["max_tokens"]])
         steps += 1
     return steps, -(-sum(lens) // (num_workers * slots))

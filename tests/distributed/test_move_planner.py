@@ -1,0 +1,130 @@
+"""The tail move rule with scripted progress and no model: gain against cost, with hysteresis."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from batchgen_data.distributed.move_planner import OutputLengths, WorkerProgress, finish_s, plan_moves
+from batchgen_data.engine.migration import SeqProgress
+from batchgen_data.engine.step_model import StepModel, StepSums
+
+CPU_LIKE = StepModel(0.008, 0.003)  # each running sequence adds 3 ms to an 8 ms step
+FLAT = StepModel(0.03, 0.0)  # decode bound by the weights: a step costs the same at any n
+
+
+def worker(running=(), waiting=(), slots=8, move_s_per_token=1e-5, latency_s=0.1) -> WorkerProgress:
+    """Running sequences as (generated, max_tokens); waiting ones as max_tokens."""
+    seqs = [SeqProgress(g, m, 20 + g, True) for g, m in running]
+    seqs += [SeqProgress(0, m, 20, False) for m in waiting]
+    return WorkerProgress(slots, tuple(seqs), move_s_per_token=move_s_per_token, move_latency_s=latency_s)
+
+
+def moved(before: WorkerProgress, receiver: WorkerProgress, count: int) -> tuple[WorkerProgress, WorkerProgress]:
+    """Both reports after the giver exported ``count`` sequences in its engine's order."""
+    seqs = before.seqs
+    order = sorted(range(len(seqs)), key=lambda i: (seqs[i].started, -(seqs[i].max_tokens - seqs[i].num_generated)))
+    out = set(order[:count])
+    stay = tuple(s for i, s in enumerate(seqs) if i not in out)
+    landed = tuple(seqs[i] for i in order[:count])
+    return dataclasses.replace(before, seqs=stay), dataclasses.replace(receiver, seqs=receiver.seqs + landed)
+
+
+def test_finish_time_replays_the_running_slots():
+    assert finish_s([10, 10, 10, 10], 2, StepModel(1.0, 0.0)) == 20.0  # two waves of ten steps
+    assert finish_s([10, 4], 2, StepModel(0.0, 1.0)) == 4 * 2 + 6 * 1  # two running, then one
+    assert finish_s([5, 1, 3], 2, StepModel(1.0, 0.0)) == 5.0  # the waiting one starts at step 1
+    assert finish_s([], 8, CPU_LIKE) == 0.0
+
+
+def test_step_sums_fit_the_measured_line_and_stay_flat_without_spread():
+    sums = StepSums()
+    for n in [1, 2, 4, 8] * 10:
+        sums.observe(n, n, 0.008 + 0.003 * n)
+    sums.observe(8, 400, 5.0)  # a prefill-heavy step: not a decode step, ignored
+    fit = sums.fit()
+    assert fit.base_s == pytest.approx(0.008) and fit.per_seq_s == pytest.approx(0.003)
+    same_n = StepSums()
+    for _ in range(20):
+        same_n.observe(8, 8, 0.04)
+    assert same_n.fit() == StepModel(pytest.approx(0.04), 0.0)  # the slope is unknown: flat
+    assert StepSums().fit() is None
+    assert same_n.merged(sums).fit().per_seq_s > 0  # a peer's spread pins the slope down
+
+
+def test_output_lengths_learned_per_budget_fall_back_to_the_bound():
+    lengths = OutputLengths()
+    assert lengths.tokens_left(10, 256) == 246  # nothing learned yet: the max_tokens bound
+    for n in (18, 20, 22, 24):
+        lengths.record(256, n)
+    lengths.record(8, 8)
+    assert lengths.tokens_left(10, 256) == pytest.approx(21 - 10)  # the mean of the longer ones
+    assert lengths.tokens_left(21, 256) == 256 - 21  # it outlived most finished rows: the bound
+    assert lengths.tokens_left(2, 8) == 6  # another budget learns separately
+    for _ in range(8):
+        lengths.record(16, 16)
+    assert lengths.tokens_left(0, 12) == 12 and lengths.tokens_left(0, 16) == 16
+
+
+def test_nothing_moves_where_the_longest_sequence_sets_the_finish():
+    # Long rows that fit in one running set: with steps that cost the same at any n, the giver
+    # finishes when its longest row does, wherever the others run.
+    giver = worker(running=[(56, 256)] * 4 + [(2, 8)] * 4)
+    assert plan_moves(giver, [worker()], OutputLengths(), FLAT).count == 0
+
+
+def test_a_long_tail_is_split_when_smaller_steps_pay_for_the_move():
+    giver = worker(running=[(56, 256)] * 4)
+    plan = plan_moves(giver, [worker()], OutputLengths(), CPU_LIKE)
+    assert plan.count == 2 and plan.gain_s > 0.2 * plan.before_s
+    assert plan.cost_s == pytest.approx(0.1 + 2 * 76 * 1e-5)
+
+
+def test_no_move_near_the_end_or_when_moving_costs_more_than_it_saves():
+    near_end = worker(running=[(246, 256)] * 8)
+    assert plan_moves(near_end, [worker()], OutputLengths(), CPU_LIKE).count == 0
+    recompute = worker(running=[(56, 256)] * 4, move_s_per_token=0.02)  # 1.5 s per sequence moved
+    assert plan_moves(recompute, [worker()], OutputLengths(), CPU_LIKE).count == 0
+    assert plan_moves(worker(running=[(56, 256)] * 4), [worker()], OutputLengths(), None).count == 0
+
+
+def test_queued_work_moves_first_whatever_the_step_model():
+    giver = worker(running=[(56, 256)] * 8, waiting=[256] * 8)
+    for model in (FLAT, CPU_LIKE):
+        plan = plan_moves(giver, [worker()], OutputLengths(), model)
+        assert plan.count >= 8  # the eight queued rows, at least
+        assert plan.gain_s > 0.4 * plan.before_s
+
+
+def test_moved_work_does_not_bounce_back():
+    giver, receiver = worker(running=[(56, 256)] * 4), worker()
+    count = plan_moves(giver, [receiver], OutputLengths(), CPU_LIKE).count
+    giver, receiver = moved(giver, receiver, count)
+    for model in (CPU_LIKE, FLAT):
+        assert plan_moves(giver, [receiver], OutputLengths(), model).count == 0
+        assert plan_moves(receiver, [giver], OutputLengths(), model).count == 0
+    queued, idle = moved(worker(running=[(56, 256)] * 8, waiting=[256] * 8), worker(),
+                         plan_moves(worker(running=[(56, 256)] * 8, waiting=[256] * 8), [worker()],
+                                    OutputLengths(), FLAT).count)
+    assert plan_moves(queued, [idle], OutputLengths(), FLAT).count == 0
+    assert plan_moves(idle, [queued], OutputLengths(), FLAT).count == 0
+
+
+def test_learned_lengths_stop_moves_the_budget_alone_would_make():
+    giver = worker(running=[(15, 256)] * 8)
+    assert plan_moves(giver, [worker()], OutputLengths(), CPU_LIKE).count > 0  # 241 tokens left, by the bound
+    lengths = OutputLengths()
+    for n in range(16, 26):  # this job's rows stop after ~20 tokens
+        lengths.record(256, n)
+    assert plan_moves(giver, [worker()], lengths, CPU_LIKE).count == 0
+
+
+def test_only_movable_sequences_are_planned_and_receivers_fill_by_their_slots():
+    pinned = WorkerProgress(8, tuple(SeqProgress(56, 256, 76, True, movable=False) for _ in range(4)))
+    assert plan_moves(pinned, [worker()], OutputLengths(), CPU_LIKE).count == 0
+    # Three queued rows make a whole wave; two receivers with two and one empty slots take it
+    # together (neither alone would shorten the giver's finish).
+    giver = worker(running=[(56, 256)] * 8, waiting=[256] * 3)
+    plan = plan_moves(giver, [worker(slots=2), worker(running=[(0, 8)] * 7)], OutputLengths(), FLAT)
+    assert plan.count == 3 and plan.gain_s > 0.4 * plan.before_s
