@@ -130,7 +130,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--model", default="demo")
     parser.add_argument("--rows", type=int, default=128)
     parser.add_argument("--in-set-long-rows", type=int, default=4)
-    parser.add_argument("--queued-long-rows", type=int, default=16)
+    parser.add_argument("--queued-long-rows", type=int, default=32)
     parser.add_argument("--short-tokens", type=int, default=8)
     parser.add_argument("--long-tokens", type=int, default=256)
     parser.add_argument("--blocks", type=int, default=4)

@@ -27,7 +27,7 @@ get cheaper with fewer sequences), the plan is empty and rebalancing costs nothi
 from __future__ import annotations
 
 import heapq
-from collections import defaultdict, deque
+from collections import deque
 from dataclasses import dataclass, field
 
 from batchgen_data.engine.migration import SeqProgress
@@ -57,24 +57,67 @@ class WorkerProgress:
         return max(0, self.slots - len(self.seqs) - self.num_incoming)
 
 
+class _LengthWindow:
+    """The latest output lengths of one ``max_tokens``, with their counts and sums per length in
+    Fenwick trees: the rows longer than ``n`` are counted and summed in O(log max_tokens)."""
+
+    def __init__(self, max_tokens: int):
+        self.size = max_tokens + 1  # lengths 0..max_tokens
+        self.window: deque[int] = deque()
+        self.sum_all = 0
+        self._count = [0] * (self.size + 1)
+        self._total = [0] * (self.size + 1)
+
+    def record(self, length: int) -> None:
+        length = min(max(length, 0), self.size - 1)
+        self.window.append(length)
+        self._add(length, 1)
+        if len(self.window) > _LENGTH_SAMPLES:
+            self._add(self.window.popleft(), -1)
+
+    def _add(self, length: int, sign: int) -> None:
+        self.sum_all += sign * length
+        i = length + 1
+        while i <= self.size:
+            self._count[i] += sign
+            self._total[i] += sign * length
+            i += i & -i
+
+    def longer_than(self, n: int) -> tuple[int, int]:
+        """How many of the lengths exceed ``n``, and their sum."""
+        count = total = 0
+        i = min(max(n + 1, 0), self.size)  # the lengths 0..n
+        while i > 0:
+            count += self._count[i]
+            total += self._total[i]
+            i -= i & -i
+        return len(self.window) - count, self.sum_all - total
+
+
 class OutputLengths:
     """Output lengths of the job's finished rows, by ``max_tokens``; estimates tokens left."""
 
     def __init__(self):
-        self._by_max: dict[int, deque[int]] = defaultdict(lambda: deque(maxlen=_LENGTH_SAMPLES))
+        self._by_max: dict[int, _LengthWindow] = {}
 
     def record(self, max_tokens: int, num_generated: int) -> None:
-        self._by_max[int(max_tokens)].append(int(num_generated))
+        window = self._by_max.get(int(max_tokens))
+        if window is None:
+            window = self._by_max[int(max_tokens)] = _LengthWindow(int(max_tokens))
+        window.record(int(num_generated))
 
     def tokens_left(self, num_generated: int, max_tokens: int) -> float:
         """Expected tokens still to come: the mean remaining length of finished rows (same
         ``max_tokens``) that outlived ``num_generated``; the ``max_tokens`` bound while fewer than
         a handful did (a sequence longer than all its finished peers may run to its limit)."""
         bound = max(0, max_tokens - num_generated)
-        longer = [n for n in self._by_max.get(int(max_tokens), ()) if n > num_generated]
-        if len(longer) < _MIN_LENGTH_SAMPLES:
+        window = self._by_max.get(int(max_tokens))
+        if window is None:
             return float(bound)
-        return min(float(bound), sum(longer) / len(longer) - num_generated)
+        count, total = window.longer_than(num_generated)
+        if count < _MIN_LENGTH_SAMPLES:
+            return float(bound)
+        return min(float(bound), total / count - num_generated)
 
 
 def finish_s(tokens_left: list[float], slots: int, model: StepModel) -> float:

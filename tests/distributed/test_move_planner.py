@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from batchgen_data.distributed.move_planner import OutputLengths, WorkerProgress, finish_s, plan_moves
 from batchgen_data.engine.migration import SeqProgress
@@ -128,3 +130,24 @@ def test_only_movable_sequences_are_planned_and_receivers_fill_by_their_slots():
     giver = worker(running=[(56, 256)] * 8, waiting=[256] * 3)
     plan = plan_moves(giver, [worker(slots=2), worker(running=[(0, 8)] * 7)], OutputLengths(), FLAT)
     assert plan.count == 3 and plan.gain_s > 0.4 * plan.before_s
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(0, 40), max_size=120), st.integers(0, 40))
+def test_learned_lengths_match_a_plain_recount(lengths, generated):
+    from batchgen_data.distributed import move_planner
+
+    window = 50
+    learned = OutputLengths()
+    old = move_planner._LENGTH_SAMPLES
+    move_planner._LENGTH_SAMPLES = window
+    try:
+        for n in lengths:
+            learned.record(32, n)
+    finally:
+        move_planner._LENGTH_SAMPLES = old
+    kept = [min(n, 32) for n in lengths][-window:]
+    longer = [n for n in kept if n > generated]
+    bound = max(0, 32 - generated)
+    expected = bound if len(longer) < 4 else min(bound, sum(longer) / len(longer) - generated)
+    assert learned.tokens_left(generated, 32) == pytest.approx(expected)

@@ -295,6 +295,39 @@ def test_async_migrate_out_hands_stragglers_to_another_engine(reference):
         assert out.token_ids == refs[i][: lengths[i]]
 
 
+def test_async_engine_publishes_progress_and_step_times(reference):
+    """What the rebalancer reads: the live sequences after each step, and a step-time model."""
+    import asyncio
+
+    from batchgen_data.engine.async_engine import AsyncEngine
+
+    folder, prompts, _, _ = reference
+    aengine = AsyncEngine(Engine(folder, EngineConfig(block_size=8)))
+    aengine.report_progress = True
+    lengths = [2 + 2 * i for i in range(len(prompts))]  # the running set shrinks one by one
+    seen = []
+
+    async def job():
+        calls = [asyncio.ensure_future(aengine.run_one(p, SamplingParams(max_tokens=m, temperature=0, ignore_eos=True)))
+                 for p, m in zip(prompts, lengths)]
+        while not all(c.done() for c in calls):
+            seen.append(aengine.progress)
+            await asyncio.sleep(0.002)
+        return await asyncio.gather(*calls)
+
+    try:
+        asyncio.run(job())
+    finally:
+        aengine.shutdown()
+    started = [p for snapshot in seen for p in snapshot if p.started]
+    assert started and all(p.max_tokens in lengths and 0 <= p.num_generated < p.max_tokens for p in started)
+    assert all(p.num_tokens > p.num_generated for p in started)  # prompt plus output
+    assert aengine.progress == ()  # nothing live at the end
+    model = aengine.engine.step_sums.fit()
+    assert model is not None and model.step_s(4) > 0 and model.per_seq_s >= 0
+    assert aengine.move_s_per_token > 0
+
+
 def test_async_callers_share_one_engine(reference):
     import asyncio
 
