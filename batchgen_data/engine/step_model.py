@@ -23,6 +23,8 @@ _MIN_N_VARIANCE = 0.25
 # A step counts as decode-bound when it forwards at most this many tokens per running sequence
 # (prefill-heavy steps cost more per sequence than the model describes).
 _DECODE_TOKENS_PER_SEQ = 2
+# An engine's first decode steps run cold (caches, allocator, first shapes): not observed.
+_WARM_UP_STEPS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,17 +47,22 @@ class StepSums:
     nn: float = 0.0
     t: float = 0.0
     nt: float = 0.0
+    num_skipped: int = 0  # warm-up steps passed over so far
 
     def observe(self, num_running: int, num_tokens: int, step_s: float) -> None:
-        """Add one step (ignored unless decode-bound, i.e. not a prefill-heavy step)."""
+        """Add one step (ignored unless decode-bound, i.e. not a prefill-heavy step, and past
+        the engine's first few)."""
         if num_running <= 0 or num_tokens > _DECODE_TOKENS_PER_SEQ * num_running:
+            return
+        if self.num_skipped < _WARM_UP_STEPS:
+            self.num_skipped += 1
             return
         self.w, self.n, self.nn = DECAY * self.w + 1.0, DECAY * self.n + num_running, DECAY * self.nn + num_running ** 2
         self.t, self.nt = DECAY * self.t + step_s, DECAY * self.nt + num_running * step_s
 
     def merged(self, other: StepSums) -> StepSums:
         return StepSums(self.w + other.w, self.n + other.n, self.nn + other.nn, self.t + other.t,
-                        self.nt + other.nt)
+                        self.nt + other.nt, max(self.num_skipped, other.num_skipped))
 
     def fit(self) -> StepModel | None:
         """The least-squares line; None before any decode step. A slope that the observations

@@ -18,13 +18,13 @@ ENGINE_CONFIG = {"max_num_seqs": 8, "attention_batch_size": 8, "max_num_batched_
 
 
 def _rows() -> list[dict]:
-    # Two blocks: eight long rows, then eight short ones of 2 to 16 tokens. The actor that gets
-    # the long block leases all of it while it is the only active one; the other one's short
-    # rows are done within a few steps (its running set shrinking one by one, so the stage's
-    # step times show what a smaller running set saves), and from then on the pool has nothing
-    # pending: the tail is worth splitting.
+    # Two blocks: eight long rows, then eight shorter ones of 8 to 64 tokens. The actor that gets
+    # the long block leases all of it while it is the only active one; the other one's rows are
+    # done first (its running set shrinking one by one, so the stage's step times show what a
+    # smaller running set saves: on a CPU, each sequence adds its own work to a step), and from
+    # then on the pool has nothing pending: the long tail is worth splitting.
     return [{"id": i, "prompt": f"Ticket {i}: the courier left parcel {i * 7} at the wrong door.",
-             "sampling_params": {"max_tokens": 80 if i < 8 else 2 * (i - 7), "ignore_eos": True}}
+             "sampling_params": {"max_tokens": 160 if i < 8 else 8 * (i - 7), "ignore_eos": True}}
             for i in range(16)]
 
 
