@@ -121,6 +121,7 @@ class RebalanceClient:
         self._items_in_flight = 0
         self._pool_outstanding = 0
         self._slot_freed = asyncio.Event()
+        self._num_submitted = 0  # items handed to the engine so far (leased and started)
         self._call_s = 0.005  # lease round trip, moving average (measured)
         self._step_s_hint = 0.05  # the engine's step at its current running set (measured)
         engine.report_progress = True
@@ -178,12 +179,12 @@ class RebalanceClient:
             progress = self._progress()
             step_s = self._step_s(progress)
             soon, wake_s = self._slots_freeing_soon(progress.seqs, step_s)
-            # Items leased a moment ago may not have reached the engine yet (their tasks have
-            # not run, or the engine thread holds them between its inbox and its scheduler):
-            # count them, or the loop leases again for the same slots. Slots whose sequence ends
-            # within the lease round trip count as free: the next item arrives as they free up.
-            occupied = max(self.engine.num_unfinished, self._items_in_flight)
-            room = max(0, progress.slots + soon - occupied)
+            # One consistent snapshot of the engine (published after its last step) plus the
+            # items leased since that it had not accepted yet: counting live counters against
+            # an older snapshot would lease twice for slots already refilled. Slots whose
+            # sequence ends within the lease round trip count as free: the next item arrives as
+            # they free up.
+            room = max(0, progress.slots + soon - len(progress.seqs) - progress.num_incoming)
             # No call to keep it alive: Ray Data may stop this actor at any moment, so no lease.
             room = room if self._open_calls else 0
             try:
@@ -201,6 +202,7 @@ class RebalanceClient:
             self._pool_outstanding = reply.num_outstanding
             for item in reply.items:
                 self._items_in_flight += 1
+                self._num_submitted += 1
                 task = asyncio.get_running_loop().create_task(self._run_item(item))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
@@ -219,14 +221,14 @@ class RebalanceClient:
 
     def _progress(self) -> WorkerProgress:
         """This actor's load report: its engine's sequences, step times and move costs."""
-        seqs = self.engine.progress
+        snapshot = self.engine.progress
         return WorkerProgress(
-            slots=self.engine.engine.max_running_seqs, seqs=seqs, step=replace(self.engine.engine.step_sums),
+            slots=self.engine.engine.max_running_seqs, seqs=snapshot.seqs, step=replace(self.engine.engine.step_sums),
             move_s_per_token=self.engine.move_s_per_token,
             # A give-back and the receiver's lease (two round trips), its poll, and the step the
             # export waits for.
             move_latency_s=2 * self._call_s + _IDLE_POLL_S + self._step_s_hint,
-            num_incoming=max(0, self._items_in_flight - len(seqs)))
+            num_incoming=max(0, self._num_submitted - snapshot.num_accepted))
 
     def _step_s(self, progress: WorkerProgress) -> float:
         model = progress.step.fit()

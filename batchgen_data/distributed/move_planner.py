@@ -30,7 +30,7 @@ import heapq
 from collections import deque
 from dataclasses import dataclass, field
 
-from batchgen_data.engine.migration import SeqProgress
+from batchgen_data.engine.progress import SeqProgress
 from batchgen_data.engine.step_model import StepModel, StepSums
 
 # A move must cut the pair's estimated finish time by at least this share (hysteresis).

@@ -16,7 +16,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from batchgen_data.engine.engine import Engine
-from batchgen_data.engine.migration import MigrationCosts, MovePolicy, SeqProgress, pick_to_move
+from batchgen_data.engine.migration import MigrationCosts, MovePolicy, pick_to_move
+from batchgen_data.engine.progress import EngineProgress, SeqProgress
 from batchgen_data.engine.outputs import GenerationOutput
 from batchgen_data.engine.requests import pair_requests
 from batchgen_data.engine.sampling_params import SamplingParams
@@ -82,10 +83,12 @@ class AsyncEngine:
         self._closed = False
         self._live: dict[int, _Live] = {}  # engine thread only
         # Published by the engine thread after every step while ``report_progress`` is on (read
-        # by the rebalancer's lease loop): its sequences, running ones first, and what moving
-        # one computed token costs (``MigrationCosts``, refreshed every few steps).
+        # by the rebalancer's lease loop): its sequences, running ones first, with the count of
+        # submissions accepted so far (one consistent snapshot), and what moving one computed
+        # token costs (``MigrationCosts``, refreshed every few steps).
         self.report_progress = False
-        self.progress: tuple[SeqProgress, ...] = ()
+        self.progress = EngineProgress()
+        self._num_accepted = 0
         self.move_s_per_token = 0.0
         self._steps_since_costs = _COSTS_EVERY_STEPS
 
@@ -210,14 +213,17 @@ class AsyncEngine:
                     item.deliver(err)
 
     def _publish_progress(self) -> None:
-        seqs = [SeqProgress.of(entry.seq, entry.movable) for entry in self._live.values()
-                if entry.seq.status in EXPORTABLE]
-        self.progress = tuple(sorted(seqs, key=lambda p: not p.started))  # running ones first
+        seqs = [SeqProgress(seq.num_generated, seq.params.max_tokens, seq.num_tokens,
+                            seq.status is not SequenceStatus.WAITING, entry.movable)
+                for entry in self._live.values() if (seq := entry.seq).status in EXPORTABLE]
+        self.progress = EngineProgress(tuple(sorted(seqs, key=lambda p: not p.started)),  # running first
+                                       self._num_accepted)
         if self._steps_since_costs >= _COSTS_EVERY_STEPS:
             self._steps_since_costs = 0
             self.move_s_per_token = MigrationCosts.of_engine(self.engine).move_s_per_token()
 
     def _accept(self, item: _Submission) -> None:
+        self._num_accepted += 1
         if item.state is not None:
             seq = self.engine.import_sequence(item.state)
         else:

@@ -27,22 +27,6 @@ DEFAULT_TRANSFER_BYTES_PER_S = 1e9
 DEFAULT_MOVE_LATENCY_S = 0.1
 
 
-@dataclass(frozen=True, slots=True)
-class SeqProgress:
-    """Where one sequence of an engine stands, as a rebalancer weighs moving it."""
-
-    num_generated: int
-    max_tokens: int
-    num_tokens: int  # prompt plus output: the KV a move ships or the receiver recomputes
-    started: bool  # running or suspended (False: waiting, nothing computed yet)
-    movable: bool = True
-
-    @classmethod
-    def of(cls, seq: Sequence, movable: bool = True) -> SeqProgress:
-        return cls(seq.num_generated, seq.params.max_tokens, seq.num_tokens,
-                   seq.status is not SequenceStatus.WAITING, movable)
-
-
 class MovePolicy(Protocol):
     """Which sequences are worth moving to another engine, and whether their KV travels
     (``MigrationCosts`` is the one the project uses)."""

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from batchgen_data.distributed.move_planner import WorkerProgress
 from batchgen_data.distributed.work_pool import WorkPool
-from batchgen_data.engine.migration import SeqProgress
+from batchgen_data.engine.progress import SeqProgress
 from batchgen_data.engine.step_model import StepSums
 
 

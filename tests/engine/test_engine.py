@@ -311,7 +311,7 @@ def test_async_engine_publishes_progress_and_step_times(reference):
         calls = [asyncio.ensure_future(aengine.run_one(p, SamplingParams(max_tokens=m, temperature=0, ignore_eos=True)))
                  for p, m in zip(prompts, lengths)]
         while not all(c.done() for c in calls):
-            seen.append(aengine.progress)
+            seen.append(aengine.progress.seqs)
             await asyncio.sleep(0.002)
         return await asyncio.gather(*calls)
 
@@ -322,7 +322,7 @@ def test_async_engine_publishes_progress_and_step_times(reference):
     started = [p for snapshot in seen for p in snapshot if p.started]
     assert started and all(p.max_tokens in lengths and 0 <= p.num_generated < p.max_tokens for p in started)
     assert all(p.num_tokens > p.num_generated for p in started)  # prompt plus output
-    assert aengine.progress == ()  # nothing live at the end
+    assert aengine.progress.seqs == () and aengine.progress.num_accepted == len(prompts)  # all done
     model = aengine.engine.step_sums.fit()
     assert model is not None and model.step_s(4) > 0 and model.per_seq_s >= 0
     assert aengine.move_s_per_token > 0
