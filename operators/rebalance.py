@@ -88,6 +88,13 @@ def _kv_bytes(state) -> int:
     return 0 if kv is None else kv.numel() * kv.element_size()
 
 
+def _pack(state) -> bytes:
+    """A given-back sequence's state as bytes: the coordinator only holds and hands them on, so
+    it never unpickles a KV tensor (which would import torch in its process, ~1.5 s of CPU in
+    the middle of the job, at the first move)."""
+    return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+
+
 def _stage_coordinator_name(stage_key: str) -> str:
     import ray
 
@@ -260,10 +267,9 @@ class RebalanceClient:
         self._call_s += 0.1 * (elapsed - self._call_s)
         self.stats.num_pool_calls += 1
         self.stats.pool_call_s += elapsed
-        continued = sum(1 for item in reply.items if item.state is not None)
+        continued = [item.state for item in reply.items if item.state is not None]
         if continued:
-            self._event("continue", elapsed, continued,
-                        sum(_kv_bytes(item.state) for item in reply.items if item.state is not None))
+            self._event("continue", elapsed, len(continued), sum(len(state) for state in continued))
         return reply
 
     def _event(self, what: str, seconds: float, count: int, num_bytes: int = 0) -> None:
@@ -294,14 +300,16 @@ class RebalanceClient:
     async def _run_and_complete(self, item: LeasedItem) -> None:
         item_id = item.item_id
         try:
-            out = await self.engine.run_one(item.prompt, SamplingParams.from_dict(item.params), state=item.state,
+            state = None if item.state is None else pickle.loads(item.state)
+            out = await self.engine.run_one(item.prompt, SamplingParams.from_dict(item.params), state=state,
                                             movable=item.movable)
         except EngineDeadError:
             exit_for_restart()
         if isinstance(out, MigratedOut):  # taken away at the tail: the pool hands it on
             self.stats.migrated_out_bytes += _kv_bytes(out.state)
             try:
-                await self._handle().give_back.remote(self.worker_id, item_id, out.state, len(out.state.output_token_ids))
+                await self._handle().give_back.remote(self.worker_id, item_id, _pack(out.state),
+                                                      len(out.state.output_token_ids))
             except Exception as err:  # the lease expires and the item is redone from its start
                 logger.warning("could not give a sequence back to the work pool: %s", err)
             return

@@ -27,7 +27,7 @@ class LeasedItem:
     prompt: Any
     params: dict  # SamplingParams fields
     owner: str = ""
-    state: Any = None  # a SequenceState to continue, when the item was given back mid-generation
+    state: bytes | None = None  # a pickled SequenceState to continue, when given back mid-generation
     movable: bool = True  # may be given back again at the tail
 
 
