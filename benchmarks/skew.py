@@ -224,7 +224,7 @@ def _plot(rep: dict, path: Path, index: int) -> None:
         for i, actor in enumerate(r["actors"]):
             xs = [t for t, _, _ in actor["timeline"]]
             ax.step(xs, [n for _, n, _ in actor["timeline"]], where="post", color=f"C{i}",
-                    label=f"actor {i}: running (idle {actor['idle_fraction']:.0%})")
+                    label=f"actor {i}: running (idle {actor['idle_fraction']:.0%} of the job)")
             ax.step(xs, [n for _, _, n in actor["timeline"]], where="post", color=f"C{i}", linestyle="--",
                     alpha=0.6, label=f"actor {i}: waiting")
             for t, what, _, n, _ in actor["moves"]:
