@@ -4,23 +4,29 @@ NOTE: how one actor takes part.
   * As an owner, ``run_batch`` submits the batch's valid rows to the coordinator and awaits their
     results; it then emits the rows itself (exactly once, in order).
   * As a worker, a background loop leases pool items whenever its engine has running slots
-    free below ``max_num_seqs`` (the longest first, its own batches' among equals), runs them,
-    and completes them; heartbeats keep its leases alive, and a dead worker's leases expire back
-    into the pool. It leases for empty slots only, no prefetch beyond them: a row leased ahead
-    waits in that engine until one of its slots frees (with long rows running, a whole long
-    sequence) while another actor could start it now, and prefetched rows refill freed slots
-    before the actor ever reports them empty, so the pool's longest-first rule never gets to
-    place long rows there (on the clustered skew workload, ~700 steps per actor instead of the
-    560 of perfect packing). A finishing item wakes the loop instead, so a freed slot is leased
-    for within milliseconds, not at the next poll.
+    free below ``max_num_seqs``, or about to free (a sequence that reaches its ``max_tokens``
+    within one measured lease round trip), the longest first, its own batches' among equals;
+    runs them, and completes them; heartbeats keep its leases alive, and a dead worker's leases
+    expire back into the pool. No prefetch beyond that: a row leased ahead waits in that engine
+    until one of its slots frees (with long rows running, a whole long sequence) while another
+    actor could start it now, and prefetched rows refill freed slots before the actor ever
+    reports them empty, so the pool's longest-first rule never gets to place long rows there
+    (on the clustered skew workload, ~700 steps per actor instead of the 560 of perfect
+    packing). A finishing item wakes the loop, and a full engine's loop wakes when its next
+    slot is about to free, so a slot is leased for within milliseconds. Each lease call carries
+    the actor's load report (``WorkerProgress``: its engine's sequences from one snapshot, its
+    step times, what a move costs).
   * If the coordinator cannot be reached, the owner runs its batch on its own engine: the job
     completes without rebalancing rather than losing rows.
-  * At the tail (nothing pending), the pool asks a worker with more sequences than one that
-    leaves running slots empty to give some back (PARTITION of the straggler set): its engine
-    exports unstarted ones first, then the ones with the most tokens left that are worth moving
-    (``batchgen_data/engine/migration.py``: ``pick_to_move``, ``MigrationCosts``), with their KV
-    when shipping it beats recomputing, and the idle worker leases and continues them (MIGRATE). A given-back item is an ordinary pending
-    item with a state attached, so leases, expiry and first-result-wins cover it unchanged.
+  * At the tail (nothing pending), the pool asks a worker to give sequences back only when the
+    move planner (``batchgen_data/distributed/move_planner.py``) finds that moving them cuts the
+    later finish time of giver and receivers by its margin, net of the move's cost (PARTITION
+    of the straggler set). Its engine exports unstarted ones first, then the ones with the most
+    tokens left that are worth moving (``batchgen_data/engine/migration.py``: ``pick_to_move``,
+    ``MigrationCosts``), with their KV when shipping it beats recomputing; the state travels
+    through the coordinator as pickled bytes, and the receiver leases and continues it
+    (MIGRATE). A given-back item is an ordinary pending item with a state attached, so leases,
+    expiry and first-result-wins cover it unchanged.
   * Ray Data shuts an actor down once it has no call in flight and no input is left, so an actor
     leases only while one of its own calls is open, and its last open call stays open while the
     stage still has outstanding work (which may come to it at the tail) and until the items it
