@@ -11,7 +11,8 @@ built on what the workers measured, never from sequence counts alone:
   workers (same model, same config) into one ``step_s(n) = base_s + per_seq_s * n``.
 * **Finish time of a worker**: a replay of its sequences through its running slots
   (``finish_s``): as each one ends the next waiting one starts, and every step costs
-  ``step_s(sequences running)``.
+  ``step_s(sequences running)``. While its engine has sequences suspended for want of KV
+  memory, its slots are the sequences it runs now (``WorkerProgress.run_slots``).
 * **Cost of a move**: a fixed latency (the give-back and lease round trips, measured by the
   giver) plus, per moved token, the cheaper of shipping its KV and recomputing it.
 
@@ -55,6 +56,14 @@ class WorkerProgress:
     @property
     def free_slots(self) -> int:
         return max(0, self.slots - len(self.seqs) - self.num_incoming)
+
+    @property
+    def run_slots(self) -> int:
+        """Sequences its engine runs at once: ``slots``, or, while some are suspended for want of
+        KV memory, as many as it runs now (the rest wait for memory, not for a slot)."""
+        if any(s.started and not s.running for s in self.seqs):
+            return max(1, sum(1 for s in self.seqs if s.running))
+        return self.slots
 
 
 class _LengthWindow:
@@ -167,13 +176,13 @@ def plan_moves(giver: WorkerProgress, receivers: list[WorkerProgress], lengths: 
     staying = list(range(len(left)))  # in the giver's order: running ones first
 
     def giver_s(ids) -> float:
-        return finish_s([left[i] for i in ids], giver.slots, model)
+        return finish_s([left[i] for i in ids], giver.run_slots, model)
 
     def cost_s(ids) -> float:
         tokens = sum(giver.seqs[i].num_tokens for i in ids if giver.seqs[i].started)
         return giver.move_latency_s + giver.move_s_per_token * tokens if ids else 0.0
 
-    receiver_s = [finish_s(w, r.slots, model) for r, w in zip(receivers, work)]
+    receiver_s = [finish_s(w, r.run_slots, model) for r, w in zip(receivers, work)]
     before = max([giver_s(staying)] + receiver_s)
     after_receivers, total_cost = list(receiver_s), 0.0
     for j in sorted(range(len(receivers)), key=receiver_s.__getitem__):
@@ -184,7 +193,7 @@ def plan_moves(giver: WorkerProgress, receivers: list[WorkerProgress], lengths: 
         for k in range(1, min(receivers[j].free_slots, len(candidates)) + 1):
             chosen = candidates[:k]
             kept = [i for i in staying if i not in chosen]
-            landed = cost_s(chosen) + finish_s(work[j] + [left[i] for i in chosen], receivers[j].slots, model)
+            landed = cost_s(chosen) + finish_s(work[j] + [left[i] for i in chosen], receivers[j].run_slots, model)
             score = (max(giver_s(kept), landed), sum(left[i] for i in kept))
             if score < best:
                 best_k, best, after_receivers[j] = k, score, landed

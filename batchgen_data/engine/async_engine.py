@@ -214,9 +214,11 @@ class AsyncEngine:
 
     def _publish_progress(self) -> None:
         seqs = [SeqProgress(seq.num_generated, seq.params.max_tokens, seq.num_tokens,
-                            seq.status is not SequenceStatus.WAITING, entry.movable)
+                            seq.status is not SequenceStatus.WAITING, entry.movable,
+                            seq.status is SequenceStatus.RUNNING)
                 for entry in self._live.values() if (seq := entry.seq).status in EXPORTABLE]
-        self.progress = EngineProgress(tuple(sorted(seqs, key=lambda p: not p.started)),  # running first
+        # Running ones first, then suspended, then waiting: the order they would run in.
+        self.progress = EngineProgress(tuple(sorted(seqs, key=lambda p: (not p.running, not p.started))),
                                        self._num_accepted)
         if self._steps_since_costs >= _COSTS_EVERY_STEPS:
             self._steps_since_costs = 0

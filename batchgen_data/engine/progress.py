@@ -16,6 +16,7 @@ class SeqProgress:
     num_tokens: int  # prompt plus output: the KV a move ships or the receiver recomputes
     started: bool  # running or suspended (False: waiting, nothing computed yet)
     movable: bool = True
+    running: bool = True  # in the running set now (False: waiting, or suspended for KV memory)
 
 
 @dataclass(frozen=True, slots=True)

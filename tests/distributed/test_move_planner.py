@@ -153,3 +153,15 @@ def test_learned_lengths_match_a_plain_recount(lengths, generated):
     bound = max(0, 32 - generated)
     expected = bound if len(longer) < 4 else min(bound, sum(longer) / len(longer) - generated)
     assert learned.tokens_left(generated, 32) == pytest.approx(expected)
+
+
+def test_sequences_suspended_for_kv_memory_count_as_queued():
+    # Eight long rows in an engine whose KV budget runs four: the other four wait for memory,
+    # a whole wave, and moving them pays under any step model.
+    suspended = [SeqProgress(40, 160, 60, True, running=False)] * 4
+    giver = WorkerProgress(8, tuple([SeqProgress(40, 160, 60, True)] * 4 + suspended),
+                           move_s_per_token=1e-5, move_latency_s=0.1)
+    assert giver.run_slots == 4
+    plan = plan_moves(giver, [worker()], OutputLengths(), FLAT)
+    assert plan.count == 4 and plan.gain_s > 0.4 * plan.before_s
+    assert plan_moves(worker(running=[(40, 160)] * 8), [worker()], OutputLengths(), FLAT).count == 0
