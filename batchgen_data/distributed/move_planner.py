@@ -202,6 +202,6 @@ def plan_moves(giver: WorkerProgress, receivers: list[WorkerProgress], lengths: 
             staying = [i for i in staying if i not in candidates[:best_k]]
     count = len(left) - len(staying)
     gain = before - max([giver_s(staying)] + after_receivers)
-    if count == 0 or gain < min_gain_fraction * before:
-        return MovePlan(0, gain if count else 0.0, before, total_cost if count else 0.0)
+    if count == 0 or gain < min_gain_fraction * before:  # declined: the estimates, for the record (0 if no move helped)
+        return MovePlan(0, gain, before, total_cost)
     return MovePlan(count, gain, before, total_cost)

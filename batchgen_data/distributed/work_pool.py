@@ -19,7 +19,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchgen_data.distributed.move_planner import MovePlan, OutputLengths, WorkerProgress, plan_moves
+from batchgen_data.distributed.move_planner import OutputLengths, WorkerProgress, plan_moves
 from batchgen_data.engine.sampling_params import SamplingParams
 from batchgen_data.engine.step_model import StepSums
 
@@ -120,7 +120,6 @@ class WorkPool:
         self.last_gave: dict[str, float] = {}
         self.prefixes: dict[str, OrderedDict] = {}  # worker -> prefix keys it leased lately
         self.lengths = OutputLengths()  # the job's finished output lengths, by max_tokens
-        self.last_plans: dict[str, MovePlan] = {}  # worker -> its last tail plan (diagnostics)
         self.counters = PoolCounters()
 
     # -- owners ---------------------------------------------------------------------------------
@@ -238,7 +237,6 @@ class WorkPool:
         for progress in active.values():
             pooled = pooled.merged(progress.step)
         plan = plan_moves(me.progress, receivers, self.lengths, pooled.fit())
-        self.last_plans[worker] = plan
         if plan.count:
             self.counters.num_moves_planned += 1
         elif plan.gain_s > 0:

@@ -31,10 +31,6 @@ class MovePolicy(Protocol):
     """Which sequences are worth moving to another engine, and whether their KV travels
     (``MigrationCosts`` is the one the project uses)."""
 
-    def move_s_per_token(self) -> float:
-        """What moving one more computed token costs: shipping its KV or recomputing it."""
-        return min(self.kv_bytes_per_token / self.transfer_bytes_per_s, 1.0 / self.recompute_tokens_per_s)
-
     def worth_moving(self, seq: Sequence) -> bool: ...
 
     def send_kv(self, num_tokens: int) -> bool: ...
