@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from batchgen_data import Engine, EngineConfig, SamplingParams  # noqa: E402
-from batchgen_data.engine.logprob_capture import token_logprobs  # noqa: E402
+from batchgen_data.engine.sample.logprob_capture import token_logprobs  # noqa: E402
 
 
 def main() -> None:

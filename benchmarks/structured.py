@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from batchgen_data import Engine, EngineConfig, SamplingParams  # noqa: E402
-from batchgen_data.engine.structured.bitmask import apply_token_bitmask  # noqa: E402
+from batchgen_data.engine.sample.bitmask import apply_token_bitmask  # noqa: E402
 from batchgen_data.engine.structured.compiler import GrammarCompiler  # noqa: E402
 from batchgen_data.engine.structured.params import StructuredOutputsParams  # noqa: E402
 

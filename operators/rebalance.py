@@ -22,7 +22,7 @@ NOTE: how one actor takes part.
     move planner (``batchgen_data/distributed/move_planner.py``) finds that moving them cuts the
     later finish time of giver and receivers by its margin, net of the move's cost (PARTITION
     of the straggler set). Its engine exports unstarted ones first, then the ones with the most
-    tokens left that are worth moving (``batchgen_data/engine/migration.py``: ``pick_to_move``,
+    tokens left that are worth moving (``batchgen_data/engine/migration/costs.py``: ``pick_to_move``,
     ``MigrationCosts``), with their KV when shipping it beats recomputing; the state travels
     through the coordinator as pickled bytes, and the receiver leases and continues it
     (MIGRATE). A given-back item is an ordinary pending item with a state attached, so leases,
@@ -59,7 +59,7 @@ from batchgen_data.distributed.coordinator import (
     get_or_create_coordinator,
 )
 from batchgen_data.distributed.move_planner import WorkerProgress
-from batchgen_data.engine.migration import MigrationCosts
+from batchgen_data.engine.migration.costs import MigrationCosts
 from batchgen_data.engine.async_engine import AsyncEngine, MigratedOut
 from batchgen_data.engine.sampling_params import SamplingParams
 from batchgen_data.errors import EngineDeadError
@@ -234,7 +234,7 @@ class RebalanceClient:
 
     def _progress(self) -> WorkerProgress:
         """This actor's load report: its engine's sequences, step times and move costs."""
-        snapshot = self.engine.progress
+        snapshot = self.engine.core.progress
         return WorkerProgress(
             slots=self.engine.engine.max_running_seqs, seqs=snapshot.seqs, step=replace(self.engine.engine.step_sums),
             move_s_per_token=self.engine.move_s_per_token,

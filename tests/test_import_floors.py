@@ -129,14 +129,14 @@ def test_no_import_cycles():
 
 def test_the_checker_sees_real_edges():
     graph = _graph()
-    assert "batchgen_data.engine.scheduler" in graph["batchgen_data.engine.executor.in_process"]
+    assert "batchgen_data.engine.core.scheduler" in graph["batchgen_data.engine.executor.in_process"]
     assert "batchgen_data.model.moe.native_backend" in graph["batchgen_data.model.moe.backends"]  # lazy import
     assert "batchgen_data.operators.rows" in graph["batchgen_data.jobs.runner"]
 
 
 def test_scheduler_and_block_accounting_import_without_torch():
     code = (
-        "import sys; import batchgen_data.engine.scheduler, batchgen_data.engine.block_manager;"
+        "import sys; import batchgen_data.engine.core.scheduler, batchgen_data.engine.core.block_manager;"
         "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:3]"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

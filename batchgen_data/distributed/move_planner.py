@@ -31,8 +31,8 @@ import heapq
 from collections import deque
 from dataclasses import dataclass, field
 
-from batchgen_data.engine.progress import SeqProgress
-from batchgen_data.engine.step_model import StepModel, StepSums
+from batchgen_data.engine.core.progress import SeqProgress
+from batchgen_data.engine.migration.step_model import StepModel, StepSums
 
 # A move must cut the pair's estimated finish time by at least this share (hysteresis).
 MIN_GAIN_FRACTION = 0.2

@@ -21,7 +21,7 @@ from typing import Any
 
 from batchgen_data.distributed.move_planner import OutputLengths, WorkerProgress, plan_moves
 from batchgen_data.engine.sampling_params import SamplingParams
-from batchgen_data.engine.step_model import StepSums
+from batchgen_data.engine.migration.step_model import StepSums
 
 # A worker that asked for work this recently counts as active when sharing out pending items.
 _ACTIVE_WINDOW_S = 1.0

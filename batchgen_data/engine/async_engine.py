@@ -16,12 +16,12 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from batchgen_data.engine.engine import Engine
-from batchgen_data.engine.migration import MigrationCosts, MovePolicy, pick_to_move
-from batchgen_data.engine.progress import EngineProgress, SeqProgress
+from batchgen_data.engine.migration.costs import MigrationCosts, MovePolicy, pick_to_move
+from batchgen_data.engine.core.progress import EngineProgress, SeqProgress
 from batchgen_data.engine.outputs import GenerationOutput
 from batchgen_data.engine.requests import pair_requests
 from batchgen_data.engine.sampling_params import SamplingParams
-from batchgen_data.engine.sequence import EXPORTABLE, Sequence, SequenceState, SequenceStatus
+from batchgen_data.engine.core.sequence import EXPORTABLE, Sequence, SequenceState, SequenceStatus
 from batchgen_data.errors import EngineDeadError
 
 logger = logging.getLogger(__name__)

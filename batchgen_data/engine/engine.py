@@ -17,16 +17,16 @@ from collections.abc import Iterator
 from collections.abc import Sequence as SequenceABC
 
 from batchgen_data.config import EngineConfig
-from batchgen_data.engine.block_manager import blocks_for
+from batchgen_data.engine.core.block_manager import blocks_for
 from batchgen_data.engine.executor.base import Executor
 from batchgen_data.engine.executor.expert_parallel import ExpertParallelExecutor
 from batchgen_data.engine.executor.in_process import InProcessExecutor, resolve_max_model_len
 from batchgen_data.engine.outputs import GenerationOutput, RequestTimings
 from batchgen_data.engine.requests import pair_requests
 from batchgen_data.engine.sampling_params import SamplingParams
-from batchgen_data.engine.sequence import Sequence, SequenceState, SequenceStatus
+from batchgen_data.engine.core.sequence import Sequence, SequenceState, SequenceStatus
 from batchgen_data.engine.stats import EngineStats
-from batchgen_data.engine.step_model import StepSums
+from batchgen_data.engine.migration.step_model import StepSums
 from batchgen_data.engine.timeline import StepTimeline
 from batchgen_data.engine.tokenizer import ChatPrompt, PromptTokenizer
 from batchgen_data.errors import BatchGenError, ConfigError, RequestError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from batchgen_data.engine.logprobs import Logprob
+from batchgen_data.engine.sample.logprobs import Logprob
 
 
 @dataclass(slots=True)

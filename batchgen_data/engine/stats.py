@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from batchgen_data.engine.offload import OffloadStats
+from batchgen_data.engine.worker.offload import OffloadStats
 
 
 @dataclass(slots=True)

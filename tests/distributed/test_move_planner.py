@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchgen_data.distributed.move_planner import OutputLengths, WorkerProgress, finish_s, plan_moves
-from batchgen_data.engine.progress import SeqProgress
-from batchgen_data.engine.step_model import StepModel, StepSums
+from batchgen_data.engine.core.progress import SeqProgress
+from batchgen_data.engine.migration.step_model import StepModel, StepSums
 
 CPU_LIKE = StepModel(0.008, 0.003)  # each running sequence adds 3 ms to an 8 ms step
 FLAT = StepModel(0.03, 0.0)  # decode bound by the weights: a step costs the same at any n

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from batchgen_data.distributed.move_planner import WorkerProgress
 from batchgen_data.distributed.work_pool import WorkPool
-from batchgen_data.engine.progress import SeqProgress
-from batchgen_data.engine.step_model import StepSums
+from batchgen_data.engine.core.progress import SeqProgress
+from batchgen_data.engine.migration.step_model import StepSums
 
 
 def _rows(n: int) -> list[tuple[str, dict]]:

@@ -263,7 +263,7 @@ def test_async_migrate_out_hands_stragglers_to_another_engine(reference):
     import asyncio
     from functools import partial
 
-    from batchgen_data.engine.migration import MigrationCosts
+    from batchgen_data.engine.migration.costs import MigrationCosts
     from batchgen_data.engine.async_engine import AsyncEngine, MigratedOut
 
     folder, prompts, _, refs = reference

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from batchgen_data.engine.sampler import Sampler, SamplingBatch, first_argmax
-from batchgen_data.engine.structured.bitmask import (
+from batchgen_data.engine.sample.sampler import Sampler, SamplingBatch, first_argmax
+from batchgen_data.engine.sample.bitmask import (
     _unpack_disallowed_cpu,
     _unpack_disallowed_device,
     apply_token_bitmask,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from batchgen_data.engine.offload import StepCostModel, plan_running_set
+from batchgen_data.engine.worker.offload import StepCostModel, plan_running_set
 
 # Shapes of the offload benchmark's model (hidden 768, FFN 2048, 16 experts, top-2, 4 layers),
 # GEMM rates memory-bound with few rows and flat from 64 rows on (~150 GFLOP/s).

@@ -9,11 +9,11 @@ import pytest
 from tiny_checkpoints import ARCHITECTURES
 
 from batchgen_data import Engine, EngineConfig, SamplingParams
-from batchgen_data.engine.block_manager import BlockManager, block_hashes
-from batchgen_data.engine.runner_output import ModelRunnerOutput
+from batchgen_data.engine.core.block_manager import BlockManager, block_hashes
+from batchgen_data.engine.core.runner_output import ModelRunnerOutput
 from batchgen_data.engine.sampling_params import SamplingParams as SP
-from batchgen_data.engine.scheduler import _MAX_DEFERRALS, Scheduler
-from batchgen_data.engine.sequence import Sequence
+from batchgen_data.engine.core.scheduler import _MAX_DEFERRALS, Scheduler
+from batchgen_data.engine.core.sequence import Sequence
 from batchgen_data.model import MoEModel
 from batchgen_data.model.kv_cache import KVCache
 

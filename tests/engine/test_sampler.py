@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from batchgen_data.engine.sampler import SamplingBatch, counter_uniform, first_argmax, sample
+from batchgen_data.engine.sample.sampler import SamplingBatch, counter_uniform, first_argmax, sample
 
 
 def _batch(n, temperature=1.0, top_p=1.0, top_k=0, seeds=None, steps=None):
@@ -73,7 +73,7 @@ def test_seeded_samples_survive_tiny_logit_changes():
 def test_first_argmax_block_search_keeps_argmax_semantics(vocab):
     """Ties pick the first, NaN counts as the maximum, a maximum in a partial last block, rows of
     equal values and of -inf: the same as ``max(dim).indices`` everywhere."""
-    from batchgen_data.engine.sampler import first_argmax
+    from batchgen_data.engine.sample.sampler import first_argmax
 
     x = torch.randn(16, vocab, generator=torch.Generator().manual_seed(vocab))
     x[3, 100] = x[3].max() + 1

@@ -7,11 +7,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchgen_data.config import EngineConfig
-from batchgen_data.engine.block_manager import BlockManager
-from batchgen_data.engine.runner_output import ModelRunnerOutput
+from batchgen_data.engine.core.block_manager import BlockManager
+from batchgen_data.engine.core.runner_output import ModelRunnerOutput
 from batchgen_data.engine.sampling_params import SamplingParams
-from batchgen_data.engine.scheduler import Scheduler
-from batchgen_data.engine.sequence import Sequence, SequenceStatus
+from batchgen_data.engine.core.scheduler import Scheduler
+from batchgen_data.engine.core.sequence import Sequence, SequenceStatus
 
 EOS = 3
 
@@ -194,7 +194,7 @@ def test_export_takes_a_sequence_out_of_any_queue_and_frees_what_it_held():
 
 
 def test_import_resumes_mid_generation_through_swap_in_or_recompute_and_counts_host_bytes():
-    from batchgen_data.engine.sequence import SequenceState
+    from batchgen_data.engine.core.sequence import SequenceState
 
     class FakeKV:  # what a real KV tensor reports: [tokens, values per token]
         shape = (3, 8)
@@ -227,7 +227,7 @@ def test_abort_frees_pages_and_host_bytes_whatever_the_queue():
     class FakeKV:
         shape = (2, 8)
 
-    from batchgen_data.engine.sequence import SequenceState
+    from batchgen_data.engine.core.sequence import SequenceState
 
     suspended = sched.import_state(SequenceState(1, [1, 2], [3], params, 5, kv=FakeKV()), request_id=1, now_s=0.0)
     waiting = Sequence(2, [5], params, seed=2)
@@ -240,7 +240,7 @@ def test_abort_frees_pages_and_host_bytes_whatever_the_queue():
 
 
 def test_transition_table_declares_every_move_the_engine_makes_and_no_other():
-    from batchgen_data.engine.sequence import EXPORTABLE, TRANSITIONS
+    from batchgen_data.engine.core.sequence import EXPORTABLE, TRANSITIONS
 
     S = SequenceStatus
     allowed = {(a, b) for a, targets in TRANSITIONS.items() for b in targets}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from batchgen_data.engine.sequence import Sequence, SequenceState
+from batchgen_data.engine.core.sequence import Sequence, SequenceState
 from batchgen_data.engine.stats import EngineStats
 
 

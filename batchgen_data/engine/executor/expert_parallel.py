@@ -30,7 +30,7 @@ from batchgen_data.config import EngineConfig
 from batchgen_data.engine.executor.comm_time import split_comm_time
 from batchgen_data.engine.executor.rank_group import RankGroup
 from batchgen_data.engine.executor.rank_protocol import NewSequence, RankCommand, RankLoad, StepResult
-from batchgen_data.engine.sequence import Sequence, SequenceState, SequenceStatus
+from batchgen_data.engine.core.sequence import Sequence, SequenceState, SequenceStatus
 from batchgen_data.engine.stats import EngineStats, RankStats
 from batchgen_data.errors import BatchGenError, ConfigError
 from batchgen_data.model.config import ModelConfig

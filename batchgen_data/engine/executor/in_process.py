@@ -17,12 +17,12 @@ from collections.abc import Callable
 import torch
 
 from batchgen_data.config import EngineConfig
-from batchgen_data.engine.block_manager import BlockManager
-from batchgen_data.engine.model_runner import ModelRunner
-from batchgen_data.engine.offload import OffloadPlan, OffloadStats, plan_offload, step_fetch_fields
-from batchgen_data.engine.runner_output import ModelRunnerOutput
-from batchgen_data.engine.scheduler import Scheduler, SchedulerOutput
-from batchgen_data.engine.sequence import EXPORTABLE, Sequence, SequenceState, SequenceStatus
+from batchgen_data.engine.core.block_manager import BlockManager
+from batchgen_data.engine.worker.model_runner import ModelRunner
+from batchgen_data.engine.worker.offload import OffloadPlan, OffloadStats, plan_offload, step_fetch_fields
+from batchgen_data.engine.core.runner_output import ModelRunnerOutput
+from batchgen_data.engine.core.scheduler import Scheduler, SchedulerOutput
+from batchgen_data.engine.core.sequence import EXPORTABLE, Sequence, SequenceState, SequenceStatus
 from batchgen_data.engine.structured.manager import StructuredOutputManager
 from batchgen_data.engine.stats import EngineStats
 from batchgen_data.errors import BatchGenError, ConfigError

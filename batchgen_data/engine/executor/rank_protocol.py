@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
 from batchgen_data.engine.sampling_params import SamplingParams
-from batchgen_data.engine.sequence import SequenceState
+from batchgen_data.engine.core.sequence import SequenceState
 from batchgen_data.engine.stats import RankStats
 
 

@@ -37,8 +37,8 @@ from batchgen_data.engine.executor.rank_protocol import (
     send,
 )
 from batchgen_data.engine.executor.rank_resources import peak_rss_bytes, pin_to_cpus
-from batchgen_data.engine.migration import MigrationCosts, pick_to_move
-from batchgen_data.engine.sequence import EXPORTABLE, Sequence, SequenceState
+from batchgen_data.engine.migration.costs import MigrationCosts, pick_to_move
+from batchgen_data.engine.core.sequence import EXPORTABLE, Sequence, SequenceState
 from batchgen_data.engine.stats import RankStats
 from batchgen_data.engine.tokenizer import PromptTokenizer
 from batchgen_data.model.config import ModelConfig

@@ -28,7 +28,7 @@ from batchgen_data.engine.structured.request import StructuredRequest
 from batchgen_data.errors import BatchGenError
 
 if TYPE_CHECKING:
-    from batchgen_data.engine.sequence import Sequence
+    from batchgen_data.engine.core.sequence import Sequence
 
 
 class StructuredOutputManager:

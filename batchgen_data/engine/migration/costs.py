@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from batchgen_data.engine.sequence import Sequence, SequenceStatus
+from batchgen_data.engine.core.sequence import Sequence, SequenceStatus
 from batchgen_data.engine.stats import EngineStats
 
 # KV bytes per second between two actors through Ray's object store (same node, shared memory).

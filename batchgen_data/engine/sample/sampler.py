@@ -17,9 +17,9 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from batchgen_data.engine.logprob_capture import token_logprobs
-from batchgen_data.engine.logprobs import TokenLogprobs
-from batchgen_data.engine.structured.bitmask import apply_token_bitmask
+from batchgen_data.engine.sample.logprob_capture import token_logprobs
+from batchgen_data.engine.sample.logprobs import TokenLogprobs
+from batchgen_data.engine.sample.bitmask import apply_token_bitmask
 
 # first_argmax on CPU: block size, and the shortest row worth the block search.
 _ARGMAX_BLOCK = 64

@@ -17,7 +17,7 @@ from batchgen_data.engine.sampling_params import SamplingParams
 if TYPE_CHECKING:  # the scheduler imports this module and stays torch-free
     import torch
 
-    from batchgen_data.engine.logprobs import TokenLogprobs
+    from batchgen_data.engine.sample.logprobs import TokenLogprobs
     from batchgen_data.engine.structured.request import StructuredRequest
 
 

@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from batchgen_data.engine.logprob_capture import token_logprobs
-from batchgen_data.engine.runner_output import ModelRunnerOutput
-from batchgen_data.engine.sampler import Sampler, SamplingBatch
-from batchgen_data.engine.scheduler import SchedulerOutput
-from batchgen_data.engine.sequence import Sequence
+from batchgen_data.engine.sample.logprob_capture import token_logprobs
+from batchgen_data.engine.core.runner_output import ModelRunnerOutput
+from batchgen_data.engine.sample.sampler import Sampler, SamplingBatch
+from batchgen_data.engine.core.scheduler import SchedulerOutput
+from batchgen_data.engine.core.sequence import Sequence
 from batchgen_data.model import MoEModel
 from batchgen_data.model.attention.metadata import AttentionMetadata, build_attention_metadata
 from batchgen_data.model.kv_cache import KVCache

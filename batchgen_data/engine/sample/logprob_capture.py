@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from batchgen_data.engine.logprobs import TokenLogprobs
+from batchgen_data.engine.sample.logprobs import TokenLogprobs
 
 _BLOCK = 64  # tokens per block for the top-k (V / 64 block maxima per row)
 # Below this maximum logit, exp(x) of a whole row sums without overflow in fp32 (V e^60 << 3e38)

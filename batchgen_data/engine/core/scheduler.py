@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batchgen_data.config import EngineConfig
-from batchgen_data.engine.block_manager import BlockManager, block_hashes
-from batchgen_data.engine.runner_output import ModelRunnerOutput
-from batchgen_data.engine.sequence import Sequence, SequenceState, SequenceStatus
+from batchgen_data.engine.core.block_manager import BlockManager, block_hashes
+from batchgen_data.engine.core.runner_output import ModelRunnerOutput
+from batchgen_data.engine.core.sequence import Sequence, SequenceState, SequenceStatus
 from batchgen_data.engine.structured.manager import StructuredOutputManager
 
 
