@@ -14,6 +14,8 @@ if TYPE_CHECKING:
 # which read this config, stay importable without torch.
 _DTYPES = ("float32", "bfloat16", "float16")
 SUSPEND_POLICIES = ("most_progress", "shortest_first")
+# vLLM's ``prefix_caching_hash_algo`` values this engine implements (``engine/core/kv_manager.py``).
+PREFIX_CACHING_HASH_ALGOS = ("sha256",)
 RESUME_MODES = ("recompute", "swap")
 
 
@@ -77,6 +79,11 @@ class EngineConfig:
             recently freed first), and a new sequence starts after the longest prefix already
             cached. Waiting rows are admitted longest cached prefix first, and siblings wait one
             step for a shared prefix another row is computing. Tokens are the same either way.
+        prefix_caching_hash_algo (str, default "sha256"): how a KV block is named in the prefix
+            cache (vLLM's argument): a SHA-256 digest chained over the block's tokens and its
+            prefix, so rows cannot be crafted to share another row's KV (vLLM's CVE-2025-25183
+            fix); a hit is also checked against the tokens. ``PREFIX_CACHING_HASH_ALGOS`` lists
+            the values implemented.
 
     Example:
         >>> EngineConfig(max_num_seqs=128).attention_batch_size
@@ -103,6 +110,7 @@ class EngineConfig:
     bind_rank_cpus: bool | None = None
     weight_memory_bytes: int | None = None
     enable_prefix_caching: bool = True
+    prefix_caching_hash_algo: str = "sha256"
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "attention_batch_size", "max_num_batched_tokens", "block_size", "expert_parallel_size"):
@@ -134,6 +142,9 @@ class EngineConfig:
                 f"weight_memory_bytes={budget} (streamed experts) cannot be combined with expert_parallel_size="
                 f"{self.expert_parallel_size}: use one or the other"
             )
+        if self.prefix_caching_hash_algo not in PREFIX_CACHING_HASH_ALGOS:
+            raise ConfigError(f"prefix_caching_hash_algo must be one of {PREFIX_CACHING_HASH_ALGOS}, "
+                              f"got {self.prefix_caching_hash_algo!r}")
         if self.expert_backend not in ("native", "deepspeed"):
             raise ConfigError(f"expert_backend must be 'native' or 'deepspeed', got {self.expert_backend!r}")
 

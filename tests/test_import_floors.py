@@ -130,13 +130,17 @@ def test_no_import_cycles():
 def test_the_checker_sees_real_edges():
     graph = _graph()
     assert "batchgen_data.engine.core.scheduler" in graph["batchgen_data.engine.executor.in_process"]
+    assert "batchgen_data.engine.core.kv_manager" in graph["batchgen_data.engine.core.scheduler"]
     assert "batchgen_data.model.moe.native_backend" in graph["batchgen_data.model.moe.backends"]  # lazy import
     assert "batchgen_data.operators.rows" in graph["batchgen_data.jobs.runner"]
 
 
-def test_scheduler_and_block_accounting_import_without_torch():
+def test_the_engine_core_imports_without_torch():
+    # engine/core/ (records, scheduler, KV manager, progress) is torch-free: every module of it.
     code = (
-        "import sys; import batchgen_data.engine.core.scheduler, batchgen_data.engine.core.block_manager;"
+        "import sys, pkgutil, importlib, batchgen_data.engine.core as core;"
+        "names = [m.name for m in pkgutil.iter_modules(core.__path__)]; assert 'kv_manager' in names, names;"
+        "[importlib.import_module('batchgen_data.engine.core.' + n) for n in names];"
         "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:3]"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -9,68 +9,103 @@ import pytest
 from tiny_checkpoints import ARCHITECTURES
 
 from batchgen_data import Engine, EngineConfig, SamplingParams
-from batchgen_data.engine.core.block_manager import BlockManager, block_hashes
+from batchgen_data.errors import ConfigError
+from batchgen_data.engine.core.block_pool import BlockPool
+from batchgen_data.engine.core.kv_manager import block_name
 from batchgen_data.engine.core.runner_output import ModelRunnerOutput
 from batchgen_data.engine.sampling_params import SamplingParams as SP
-from batchgen_data.engine.core.scheduler import _MAX_DEFERRALS, Scheduler
+from batchgen_data.engine.core.scheduler import Scheduler
+from batchgen_data.engine.core.scheduler_output import MAX_DEFERRALS
 from batchgen_data.engine.core.sequence import Sequence
 from batchgen_data.model import MoEModel
 from batchgen_data.model.kv_cache import KVCache
 
-# -- block manager ----------------------------------------------------------------------------------
+# -- KV manager and block pool ----------------------------------------------------------------------
+
+P, T = None, (0, 0)  # a first block's parent, and tokens for pool-level tests
 
 
-def test_block_hashes_chain_through_the_prefix():
-    a = block_hashes([1, 2, 3, 4, 5, 6, 7], 2, [], 3)
-    b = block_hashes([1, 2, 3, 4, 9, 9], 2, [], 3)
-    c = block_hashes([0, 2, 3, 4, 5, 6], 2, [], 3)
+def _names(tokens: list[int], size: int, num_blocks: int, extra_key=None) -> list[bytes]:
+    names: list[bytes] = []
+    for i in range(num_blocks):
+        names.append(block_name(names[-1] if names else None, tokens[i * size:(i + 1) * size], extra_key))
+    return names
+
+
+def test_block_names_chain_through_the_prefix_as_sha256_digests():
+    a = _names([1, 2, 3, 4, 5, 6, 7], 2, 3)
+    b = _names([1, 2, 3, 4, 9, 9], 2, 3)
+    c = _names([0, 2, 3, 4, 5, 6], 2, 3)
+    assert all(isinstance(n, bytes) and len(n) == 32 for n in a)
     assert len(a) == 3 and a[:2] == b[:2] and a[2] != b[2]  # same first 4 tokens, then not
     assert c[1] != a[1]  # same tokens in block 1, other parent: another block
-    assert block_hashes([1, 2, 3, 4], 2, a[:1], 2) == a[:2]  # extends what the caller kept
-    assert block_hashes([1, 2], 2, [], 1, extra_key="lora-a") != a[:1]  # extra keys salt it
+    assert _names([1, 2], 2, 1, extra_key="lora-a") != a[:1]  # extra keys salt it
+    with pytest.raises(ConfigError, match="prefix_caching_hash_algo"):
+        EngineConfig(prefix_caching_hash_algo="builtin")
 
 
 def test_freed_cached_blocks_keep_their_kv_until_least_recently_freed_first_eviction():
-    blocks = BlockManager(4, 2)
-    first, second = blocks.allocate(2), blocks.allocate(2)
-    blocks.cache(first[0], 11), blocks.cache(second[0], 22)
-    assert blocks.num_free == 0 and blocks.num_cached == 2
-    blocks.free(first)  # freed earlier: evicted first
-    blocks.free(second)
-    assert blocks.num_free == 4 and blocks.lookup([11]) == [first[0]] and blocks.lookup([22]) == [second[0]]
-    taken = blocks.allocate(2)  # first's two blocks: its uncached tail, then its cached head
+    pool = BlockPool(4)
+    first, second = pool.take(2), pool.take(2)
+    pool.register(first[0], b"11", P, T), pool.register(second[0], b"22", P, T)
+    assert pool.num_free == 0 and pool.num_cached == 2
+    pool.release(first)  # freed earlier: evicted first
+    pool.release(second)
+    assert pool.num_free == 4 and pool.find(b"11", P, T) == first[0] and pool.find(b"22", P, T) == second[0]
+    taken = pool.take(2)  # first's two blocks: its uncached tail, then its cached head
     assert set(taken) == set(first)
-    assert blocks.lookup([11]) == [] and blocks.lookup([22]) == [second[0]]
-    assert blocks.num_cached == 1
+    assert pool.find(b"11", P, T) is None and pool.find(b"22", P, T) == second[0]
+    assert pool.num_cached == 1
 
 
 def test_reference_counts_share_a_block_and_free_it_once_every_holder_is_done():
-    blocks = BlockManager(3, 2)
-    [b] = blocks.allocate(1)
-    blocks.cache(b, 7)
-    found = blocks.lookup([7, 8])
-    assert found == [b]  # the longest cached prefix stops at the first miss
-    blocks.touch(found)
-    assert blocks.ref_count(b) == 2 and blocks.num_free == 2
-    blocks.free([b])
-    assert blocks.num_free == 2  # still held by the other owner
-    blocks.free([b])
-    assert blocks.num_free == 3 and blocks.num_free_among([b]) == 1
-    blocks.touch([b])  # revived from the free queue
-    assert blocks.num_free == 2 and blocks.ref_count(b) == 1
-    blocks.free([b])
+    pool = BlockPool(3)
+    [b] = pool.take(1)
+    pool.register(b, b"7", P, T)
+    pool.share([b])
+    assert pool.ref_count(b) == 2 and pool.num_free == 2
+    pool.release([b])
+    assert pool.num_free == 2  # still held by the other owner
+    pool.release([b])
+    assert pool.num_free == 3 and pool.num_free_among([b]) == 1
+    pool.share([b])  # revived from the free queue
+    assert pool.num_free == 2 and pool.ref_count(b) == 1
+    pool.release([b])
     with pytest.raises(RuntimeError, match="freed more often"):
-        blocks.free([b])
+        pool.release([b])
 
 
-def test_a_block_is_named_once_and_a_duplicate_hash_keeps_the_first_block():
-    blocks = BlockManager(4, 2)
-    a, b = blocks.allocate(2)
-    blocks.cache(a, 5)
-    blocks.cache(b, 5)
-    assert blocks.lookup([5]) == [a]
-    blocks.cache(a, 6)  # already named: unchanged
-    assert blocks.lookup([6]) == []
+def test_a_block_is_named_once_and_a_duplicate_name_keeps_the_first_block():
+    pool = BlockPool(4)
+    a, b = pool.take(2)
+    pool.register(a, b"5", P, T)
+    pool.register(b, b"5", P, T)
+    assert pool.find(b"5", P, T) == a
+    pool.register(a, b"6", P, T)  # already named: unchanged
+    assert pool.find(b"6", P, T) is None
+
+
+def test_two_different_blocks_forced_onto_one_name_never_share_kv(monkeypatch):
+    """A collision (rows crafted so two different blocks get one name) must not hand the second
+    row the first one's KV: the pool checks a hit's tokens and parent."""
+    import batchgen_data.engine.core.kv_manager as kv_manager
+
+    monkeypatch.setattr(kv_manager, "block_name", lambda parent, tokens, extra=None: b"same name for every block")
+    sched = _scheduler()
+    first = _row(0)
+    sched.add(first)
+    while sched.has_unfinished():
+        _step(sched)  # the first row's blocks are cached (freed, kept)
+    assert sched.kv.pool.num_cached == 1  # every block had the one name: the first one kept it
+    other = Sequence(1, list(range(500, 500 + len(first.prompt_token_ids))), SP(max_tokens=3, ignore_eos=True), seed=1)
+    sched.add(other)
+    out = _step(sched)
+    assert other.num_cached_tokens == 0  # nothing reused under the colliding name
+    assert out.query_lens == [len(other.prompt_token_ids)]  # its whole prompt was computed
+    same = _row(2)  # the first row's own prompt still hits its genuine block
+    sched.add(same)
+    _step(sched)
+    assert same.num_cached_tokens == BLOCK
 
 
 # -- admission (a scheduler with a fake model) -----------------------------------------------------
@@ -81,7 +116,7 @@ TEMPLATE = list(range(100, 124))  # six full blocks shared by every row of a tem
 
 def _scheduler(num_blocks: int = 200, max_num_seqs: int = 16) -> Scheduler:
     config = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=4096, block_size=BLOCK)
-    return Scheduler(config, BlockManager(num_blocks, BLOCK), max_model_len=10_000, kv_bytes_per_token=1)
+    return Scheduler(config, num_blocks, max_model_len=10_000, kv_bytes_per_token=1)
 
 
 def _row(i: int, template=TEMPLATE) -> Sequence:
@@ -146,7 +181,7 @@ def test_a_deferred_sibling_starts_within_the_starvation_bound():
     while sibling.status.name == "WAITING":
         _step(sched)
         steps += 1
-    assert sibling.num_deferrals == _MAX_DEFERRALS and steps == _MAX_DEFERRALS + 1
+    assert sibling.num_deferrals == MAX_DEFERRALS and steps == MAX_DEFERRALS + 1
 
 
 # -- tokens with caching on and off (real models) --------------------------------------------------

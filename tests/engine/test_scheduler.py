@@ -7,11 +7,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchgen_data.config import EngineConfig
-from batchgen_data.engine.core.block_manager import BlockManager
 from batchgen_data.engine.core.runner_output import ModelRunnerOutput
 from batchgen_data.engine.sampling_params import SamplingParams
 from batchgen_data.engine.core.scheduler import Scheduler
 from batchgen_data.engine.core.sequence import Sequence, SequenceStatus
+from batchgen_data.engine.core.suspend_policy import pick_victim
 
 EOS = 3
 
@@ -64,17 +64,17 @@ def scenarios(draw):
 def _check_invariants(sched: Scheduler, out, num_blocks: int) -> None:
     owned = [b for s in sched.running for b in s.block_ids]
     if sched.config.enable_prefix_caching:  # a cached block is shared: one reference per owner
-        assert all(sched.blocks.ref_count(b) == owned.count(b) for b in set(owned)), "reference counts drift"
+        assert all(sched.kv.ref_count(b) == owned.count(b) for b in set(owned)), "reference counts drift"
         shared = [b for b in set(owned) if owned.count(b) > 1]
-        assert all(sched.blocks._hash_of[b] is not None for b in shared), "an uncached block is shared"
+        assert all(sched.kv.pool._name_of[b] is not None for b in shared), "an uncached block is shared"
     else:
         assert len(owned) == len(set(owned)), "a KV block is owned twice"
-    assert len(set(owned)) + sched.blocks.num_free == num_blocks, "blocks leaked or double-freed"
+    assert len(set(owned)) + sched.kv.num_free == num_blocks, "blocks leaked or double-freed"
     assert len(sched.running) <= sched.config.max_num_seqs
     assert out.num_tokens <= sched.config.max_num_batched_tokens
     for seq, qlen in zip(out.seqs, out.query_lens):
         assert seq.status is SequenceStatus.RUNNING
-        assert len(seq.block_ids) * sched.blocks.block_size >= seq.num_computed_tokens + qlen
+        assert len(seq.block_ids) * sched.kv.block_size >= seq.num_computed_tokens + qlen
     for seq in sched.suspended:
         assert not seq.block_ids
 
@@ -83,8 +83,7 @@ def _check_invariants(sched: Scheduler, out, num_blocks: int) -> None:
 @given(scenarios())
 def test_every_sequence_finishes_exactly_once_within_budget(scenario):
     config, num_blocks, requests = scenario
-    blocks = BlockManager(num_blocks, config.block_size)
-    sched = Scheduler(config, blocks, max_model_len=10**6, kv_bytes_per_token=1, eos_token_ids=frozenset({EOS}))
+    sched = Scheduler(config, num_blocks, max_model_len=10**6, kv_bytes_per_token=1, eos_token_ids=frozenset({EOS}))
     seqs = []
     for i, (prompt_len, max_tokens, ignore_eos) in enumerate(requests):
         seq = Sequence(i, [5] * prompt_len, SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos), seed=i)
@@ -97,7 +96,7 @@ def test_every_sequence_finishes_exactly_once_within_budget(scenario):
             break
         out = sched.schedule()
         _check_invariants(sched, out, num_blocks)
-        assert out.seqs or out.swap_out, "a step with unfinished work scheduled nothing"
+        assert out.is_progress, "a step with unfinished work scheduled nothing"
         # Swapped-out KV must be captured before its pages are reused: model the runner.
         finished += sched.update(out, _fake_run(out), now_s=float(step))
         for seq in sched.suspended:
@@ -105,7 +104,7 @@ def test_every_sequence_finishes_exactly_once_within_budget(scenario):
     else:
         raise AssertionError("scheduler did not finish the workload in the step bound")
     assert sorted(s.request_id for s in finished) == list(range(len(requests)))
-    assert blocks.num_free == num_blocks
+    assert sched.kv.num_free == num_blocks
     for seq, (_, max_tokens, ignore_eos) in zip(seqs, requests):
         assert seq.status is SequenceStatus.FINISHED
         assert 1 <= seq.num_generated <= max_tokens
@@ -131,8 +130,7 @@ def test_sequence_transitions_are_enforced():
 
 def test_most_progress_policy_suspends_least_advanced_and_resumes_most_advanced_first():
     config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=16, block_size=1, suspend_policy="most_progress")
-    blocks = BlockManager(8, 1)
-    sched = Scheduler(config, blocks, max_model_len=100, kv_bytes_per_token=1)
+    sched = Scheduler(config, 8, max_model_len=100, kv_bytes_per_token=1)
     a = Sequence(0, [5], SamplingParams(max_tokens=50, ignore_eos=True), seed=0)
     b = Sequence(1, [5], SamplingParams(max_tokens=50, ignore_eos=True), seed=1)
     for s in (a, b):
@@ -141,14 +139,14 @@ def test_most_progress_policy_suspends_least_advanced_and_resumes_most_advanced_
     sched.update(out, _fake_run(out, [7, 7]), 0.0)
     a.output_token_ids += [7, 7, 7]  # a has made more progress than b
     a.num_computed_tokens = a.num_tokens - 1
-    a.block_ids += blocks.allocate(3)
-    victim = sched._pick_victim()
+    sched.kv.append_slots(a, 3)
+    victim = pick_victim(sched.running, config.suspend_policy)
     assert victim is b
 
 
 def test_waiting_work_that_all_fits_starts_without_waiting_for_the_refill_threshold():
     config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=16, block_size=4, refill_threshold=0.5)
-    sched = Scheduler(config, BlockManager(64, 4), max_model_len=100, kv_bytes_per_token=1)
+    sched = Scheduler(config, 64, max_model_len=100, kv_bytes_per_token=1)
     params = SamplingParams(max_tokens=50, ignore_eos=True)
     for i in range(3):
         sched.add(Sequence(i, [5, 6], params, seed=i))
@@ -169,7 +167,7 @@ def test_waiting_work_that_all_fits_starts_without_waiting_for_the_refill_thresh
 
 def _small_scheduler(num_blocks=16, swap_space_bytes=10_000) -> Scheduler:
     config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=32, block_size=2, swap_space_bytes=swap_space_bytes)
-    return Scheduler(config, BlockManager(num_blocks, 2), max_model_len=100, kv_bytes_per_token=3)
+    return Scheduler(config, num_blocks, max_model_len=100, kv_bytes_per_token=3)
 
 
 def test_export_takes_a_sequence_out_of_any_queue_and_frees_what_it_held():
@@ -185,7 +183,7 @@ def test_export_takes_a_sequence_out_of_any_queue_and_frees_what_it_held():
     state = sched.export(running, with_kv=True, kv="pages")
     assert state.kv == "pages" and state.output_token_ids == [9] and state.prompt_token_ids == [5, 6, 7]
     assert running.status is SequenceStatus.EXPORTED and not running.block_ids
-    assert sched.blocks.num_free == sched.blocks.num_blocks and running not in sched.running
+    assert sched.kv.num_free == sched.kv.num_blocks and running not in sched.running
 
     assert sched.export(waiting).kv is None
     assert waiting.status is SequenceStatus.EXPORTED and not sched.has_unfinished()
@@ -236,7 +234,7 @@ def test_abort_frees_pages_and_host_bytes_whatever_the_queue():
         sched.abort(seq, "cancelled", 2.0)
         assert seq.status is SequenceStatus.FINISHED and seq.finish_reason == "error" and seq.error == "cancelled"
     assert not sched.has_unfinished() and sched.host_bytes_used == 0
-    assert sched.blocks.num_free == sched.blocks.num_blocks
+    assert sched.kv.num_free == sched.kv.num_blocks
 
 
 def test_transition_table_declares_every_move_the_engine_makes_and_no_other():
@@ -245,11 +243,14 @@ def test_transition_table_declares_every_move_the_engine_makes_and_no_other():
     S = SequenceStatus
     allowed = {(a, b) for a, targets in TRANSITIONS.items() for b in targets}
     assert allowed == {
+        (S.WAITING, S.WAITING_FOR_GRAMMAR),
+        (S.WAITING_FOR_GRAMMAR, S.WAITING), (S.WAITING_FOR_GRAMMAR, S.SUSPENDED),
+        (S.WAITING_FOR_GRAMMAR, S.FINISHED), (S.WAITING_FOR_GRAMMAR, S.EXPORTED),
         (S.WAITING, S.RUNNING), (S.WAITING, S.SUSPENDED), (S.WAITING, S.FINISHED), (S.WAITING, S.EXPORTED),
         (S.RUNNING, S.SUSPENDED), (S.RUNNING, S.FINISHED), (S.RUNNING, S.EXPORTED),
         (S.SUSPENDED, S.RUNNING), (S.SUSPENDED, S.FINISHED), (S.SUSPENDED, S.EXPORTED),
     }
-    assert EXPORTABLE == {S.WAITING, S.RUNNING, S.SUSPENDED}
+    assert EXPORTABLE == {S.WAITING_FOR_GRAMMAR, S.WAITING, S.RUNNING, S.SUSPENDED}
     for status in (S.FINISHED, S.EXPORTED):  # final
         seq = Sequence(0, [1], SamplingParams(), seed=0)
         seq.status = status

@@ -1,6 +1,10 @@
 """The inter-forward scheduler: select, combine, manage pages (paper Algorithm 2). No torch.
 
 NOTE: one step of ``schedule()``:
+  0. Grammars. Sequences ``WAITING_FOR_GRAMMAR`` whose compile is done become ``WAITING`` (or
+     ``SUSPENDED``, if imported mid-generation) with a matcher; one whose grammar failed is
+     taken out and finishes as an error row in this step (``SchedulerOutput.finished``), which
+     counts as progress. They keep their places in their queues while compiling.
   1. Extend. Every running sequence gets its pending work for this forward: decoders one token,
      prefilling sequences (new, or resumed by recompute) a chunk of what is left of the token
      budget. A sequence that crosses a KV page boundary gets a new page; when none is free,
@@ -13,84 +17,54 @@ NOTE: one step of ``schedule()``:
      least its last token is computed), and waiting ones are admitted in prefix order: within
      a window at the queue's head, the longest cached prefix first (ties in arrival order), and
      one whose next block a running sequence is computing right now waits for it (at most
-     ``_MAX_DEFERRALS`` admissions), so siblings never compute a shared prefix twice.
-     A sequence with structured outputs is admitted only once its grammar has compiled (it
-     waits in its queue meanwhile; the step only blocks on a compile when nothing can run).
+     ``MAX_DEFERRALS`` admissions), so siblings never compute a shared prefix twice. When
+     nothing can run until a grammar compiles, the step waits for one (and only then).
   3. Emit. The running sequences with work this step, in order, and their query lengths, are
      COMBINED into one forward (the model runner splits attention into micro-batches); the
      constrained ones that sample get their grammar's bitmask of allowed tokens.
-``update()`` then applies the runner's ``ModelRunnerOutput``: keeps swapped-out KV, names the
-blocks whose KV is now complete in the prefix cache, appends sampled tokens (advancing the
+``update()`` then applies the runner's ``ModelRunnerOutput``: keeps swapped-out KV, commits the
+blocks whose KV is now complete to the prefix cache, appends sampled tokens (advancing the
 grammars), applies the stop rules and frees finished sequences.
 Per-sequence Python work here is O(1) per step; page work happens once per page of tokens.
 
-The scheduler is the only writer of its state: its queues, the sequences' statuses, block ids
-and host KV, and the host-byte counter change only through its methods (``add``,
-``schedule``, ``update``, ``export``, ``import_state``, ``abort``); every status change goes
-through ``Sequence.transition``.
+The scheduler keeps policy; the KV manager (``kv_manager.py``) owns blocks and the prefix cache.
+The scheduler is the only writer of its state: its queues, the records' statuses and host KV,
+and the host-byte counter change only through its methods (``add``, ``schedule``, ``update``,
+``export``, ``import_state``, ``abort``); every status change goes through
+``Sequence.transition``.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from batchgen_data.config import EngineConfig
-from batchgen_data.engine.core.block_manager import BlockManager, block_hashes
+from batchgen_data.engine.core.kv_manager import KVCacheManager
 from batchgen_data.engine.core.runner_output import ModelRunnerOutput
+from batchgen_data.engine.core.scheduler_output import (
+    ADMISSION_WINDOW_PER_SLOT,
+    GRAMMAR_WAIT_S,
+    MAX_DEFERRALS,
+    SchedulerOutput,
+    SchedulerStats,
+)
 from batchgen_data.engine.core.sequence import Sequence, SequenceState, SequenceStatus
+from batchgen_data.engine.core.suspend_policy import pick_victim, resume_order
+from batchgen_data.engine.core.stop_rules import add_prompt_logprobs, stop_reason
 from batchgen_data.engine.structured.manager import StructuredOutputManager
 
-
-@dataclass(slots=True)
-class SchedulerOutput:
-    """One forward's work, in batch order: plain lists of sequences and ints (and, for swap-in,
-    the host KV to restore)."""
-
-    seqs: list[Sequence]
-    query_lens: list[int]
-    samples: list[bool]  # the sequence's pending tokens all run now: sample its next token
-    # Save these pages' KV to host first (the runner returns it in ``ModelRunnerOutput.host_kv``)...
-    swap_out: list[tuple[Sequence, list[int]]] = field(default_factory=list)
-    # ...then restore host KV into the sequences' new pages. ``None``: the sequence was swapped
-    # out earlier in this same step; its KV is what the runner just read.
-    swap_in: list[tuple[Sequence, Any]] = field(default_factory=list)
-    # Structured outputs: positions, among the sampling sequences, of the constrained ones, and
-    # their bitmasks of allowed tokens (numpy [len(grammar_rows), ceil(V / 32)] int32).
-    grammar_rows: list[int] = field(default_factory=list)
-    grammar_bitmask: Any = None
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(self.query_lens)
-
-
-# With prefix caching: how many sequences at the head of the waiting queue are ordered by
-# their cached prefix (bounds the per-refill lookups), and how many admissions one may wait for
-# a sibling computing its next block (the starvation bound).
-_ADMISSION_WINDOW_PER_SLOT = 2
-_MAX_DEFERRALS = 8
-# How long one wait for a grammar compile lasts before the scheduler looks at its queues again.
-_GRAMMAR_WAIT_S = 1.0
-
-
-@dataclass(slots=True)
-class SchedulerStats:
-    num_suspended: int = 0
-    num_resumed_swap: int = 0
-    num_resumed_recompute: int = 0
-    num_recomputed_tokens: int = 0
-    num_prefix_query_tokens: int = 0  # tokens of sequences admitted while caching is on
-    num_prefix_hit_tokens: int = 0  # of which found in the prefix cache (not computed)
+S = SequenceStatus
 
 
 class Scheduler:
+    """Policy over one KV pool of ``num_blocks`` blocks (see the module NOTE)."""
+
     def __init__(
         self,
         config: EngineConfig,
-        blocks: BlockManager,
+        num_blocks: int,
         max_model_len: int,
         kv_bytes_per_token: int,
         eos_token_ids: frozenset[int] = frozenset(),
@@ -98,16 +72,17 @@ class Scheduler:
         structured: StructuredOutputManager | None = None,
     ):
         self.config = config
-        self.blocks = blocks
+        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
+                                 config.prefix_caching_hash_algo)
         self.max_model_len = max_model_len
         self.kv_bytes_per_token = kv_bytes_per_token
         self.eos_token_ids = eos_token_ids
         self.detokenize = detokenize
         self.structured = structured
-        self._failed: list[Sequence] = []  # taken out for a bad grammar; finished in ``update``
         self.waiting: deque[Sequence] = deque()
         self.suspended: list[Sequence] = []
         self.running: list[Sequence] = []
+        self.compiling: list[Sequence] = []  # WAITING_FOR_GRAMMAR, also in waiting or suspended
         self.host_bytes_used = 0
         self.stats = SchedulerStats()
 
@@ -123,6 +98,8 @@ class Scheduler:
         if self.structured is None:
             raise RuntimeError("a sequence with structured_outputs reached a scheduler without a grammar manager")
         self.structured.attach(seq)
+        seq.transition(S.WAITING_FOR_GRAMMAR)
+        self.compiling.append(seq)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.suspended or self.running)
@@ -137,18 +114,20 @@ class Scheduler:
 
     @property
     def num_queued(self) -> int:
-        """Waiting or suspended."""
+        """Waiting (or waiting for a grammar) or suspended."""
         return len(self.waiting) + len(self.suspended)
 
     # -- schedule -------------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
+        finished = self._poll_grammars()
         swap_out: list[tuple[Sequence, list[int]]] = []
         self._extend(swap_out)
         swap_in = self._refill()
-        while not self.running and not self._failed and self._waits_for_grammar():
+        while not self.running and not finished and self.compiling:
             # Nothing can run until a grammar compiles: block on the compile thread.
-            StructuredOutputManager.wait_any([*self.waiting, *self.suspended], timeout_s=_GRAMMAR_WAIT_S)
+            StructuredOutputManager.wait_any(self.compiling, timeout_s=GRAMMAR_WAIT_S)
+            finished = self._poll_grammars()
             swap_in += self._refill()
         budget = self.config.max_num_batched_tokens
         seqs, query_lens, samples = [], [], []
@@ -163,7 +142,7 @@ class Scheduler:
                 chunk = min(pending, budget)
                 seqs.append(seq), query_lens.append(chunk), samples.append(chunk == pending)
                 budget -= chunk
-        out = SchedulerOutput(seqs, query_lens, samples, swap_out, swap_in)
+        out = SchedulerOutput(seqs, query_lens, samples, swap_out, swap_in, finished=finished)
         if self.structured is not None:
             sampling = [seq for seq, smp in zip(seqs, samples) if smp]
             out.grammar_rows = [row for row, seq in enumerate(sampling) if seq.structured is not None]
@@ -171,55 +150,53 @@ class Scheduler:
                 out.grammar_bitmask = self.structured.bitmask([sampling[row] for row in out.grammar_rows])
         return out
 
-    def _waits_for_grammar(self) -> bool:
-        return any(seq.structured is not None and not seq.structured.is_ready
-                   for seq in (*self.waiting, *self.suspended))
-
-    def _grammar_ready(self, seq: Sequence) -> bool:
-        """Whether a queued sequence may be admitted: unconstrained, or its grammar compiled. One
-        whose grammar failed is taken out of its queue, to finish as an error row in ``update``."""
-        if seq.structured is None or seq.structured.is_ready or self.structured.poll(seq):
-            return True
-        if seq.structured.error is not None:
-            self._take_out(seq)
-            self._failed.append(seq)
-        return False
+    def _poll_grammars(self) -> list[Sequence]:
+        """Move compiled sequences on; take out (to finish as errors) those whose grammar failed."""
+        failed = []
+        for seq in list(self.compiling):
+            if self.structured.poll(seq):
+                self.compiling.remove(seq)
+                seq.transition(S.SUSPENDED if seq in self.suspended else S.WAITING)
+            elif seq.structured.error is not None:
+                self._take_out(seq)
+                failed.append(seq)
+        return failed
 
     def _extend(self, swap_out: list) -> None:
         """Give each running decoder a slot for its next token, suspending when pages run out."""
+        kv = self.kv
         for seq in list(self.running):
-            if seq.status is not SequenceStatus.RUNNING:
+            if seq.status is not S.RUNNING:
                 continue  # suspended earlier in this loop
-            needed = self.blocks.blocks_for(seq.num_tokens) - len(seq.block_ids)
-            while needed > 0 and not self.blocks.can_allocate(needed):
-                victim = self._pick_victim()
+            needed = kv.num_blocks_needed(seq)
+            while needed > 0 and not kv.can_allocate(needed):
+                victim = pick_victim(self.running, self.config.suspend_policy)
                 self._suspend(victim, swap_out)
                 if victim is seq:
                     break
-            if seq.status is SequenceStatus.RUNNING and needed > 0:
-                seq.block_ids += self.blocks.allocate(needed)
-
-    def _pick_victim(self) -> Sequence:
-        if self.config.suspend_policy == "most_progress":
-            # Keep the sequences nearest completion running: the least advanced yields first,
-            # the newest among equals.
-            return min(reversed(self.running), key=lambda s: s.num_generated)
-        return min(reversed(self.running), key=lambda s: s.num_tokens)  # shortest_first
+            if seq.status is S.RUNNING and needed > 0:
+                kv.append_slots(seq, needed)
 
     def _suspend(self, seq: Sequence, swap_out: list) -> None:
         """YIELD to host: keep the KV there if the host pool has room, else drop it (recompute)."""
         self.running.remove(seq)
-        seq.transition(SequenceStatus.SUSPENDED)
+        seq.transition(S.SUSPENDED)
         seq.num_suspensions += 1
         self.stats.num_suspended += 1
-        kv_bytes = seq.num_computed_tokens * self.kv_bytes_per_token
-        if seq.num_computed_tokens and self.host_bytes_used + kv_bytes <= self.config.swap_space_bytes:
+        if seq.num_computed_tokens and self._reserve_host(seq.num_computed_tokens):
             swap_out.append((seq, list(seq.block_ids)))
-            self.host_bytes_used += kv_bytes
         else:
             seq.num_computed_tokens = 0
-        self._free_pages(seq)
+        self.kv.free(seq)
         self.suspended.append(seq)
+
+    def _reserve_host(self, num_tokens: int) -> bool:
+        """Count ``num_tokens`` of KV in the host pool if they fit in ``swap_space_bytes``."""
+        kv_bytes = num_tokens * self.kv_bytes_per_token
+        if self.host_bytes_used + kv_bytes > self.config.swap_space_bytes:
+            return False
+        self.host_bytes_used += kv_bytes
+        return True
 
     def _refill(self) -> list[tuple[Sequence, Any]]:
         """Resume suspended sequences, then admit waiting ones, while their pages fit."""
@@ -232,19 +209,12 @@ class Scheduler:
         if self.running and len(self.running) >= self.config.refill_threshold * target and not all_fit:
             return []
         swap_in: list[tuple[Sequence, Any]] = []
-        # Resume in the policy's order: the sequences that would be kept running come back first.
-        self.suspended.sort(
-            key=(lambda s: -s.num_generated)
-            if self.config.suspend_policy == "most_progress"
-            else (lambda s: s.num_tokens)
-        )
-        for seq in list(self.suspended):
+        self.suspended.sort(key=resume_order(self.config.suspend_policy))
+        for seq in [s for s in self.suspended if s.status is S.SUSPENDED]:
             if len(self.running) >= target:
                 break
-            if not self._grammar_ready(seq):
-                continue  # an imported sequence whose grammar is compiling (or failed)
             swapped = seq.num_computed_tokens > 0  # its KV is on host; else recomputed
-            if not self._admit(seq):
+            if not self._admit(seq, self.kv.computed_prefix(seq)):
                 return swap_in
             self.suspended.remove(seq)
             if swapped:
@@ -255,77 +225,63 @@ class Scheduler:
             else:
                 self.stats.num_resumed_recompute += 1
                 self.stats.num_recomputed_tokens += seq.num_tokens - 1 - seq.num_computed_tokens
-        if not self.config.enable_prefix_caching:
-            compiling: list[Sequence] = []  # set aside while their grammars compile, places kept
-            while self.waiting and len(self.running) < target:
-                seq = self.waiting[0]
-                if not self._grammar_ready(seq):
-                    if self.waiting and self.waiting[0] is seq:  # not taken out for a failed grammar
-                        compiling.append(self.waiting.popleft())
-                    continue
-                if not self._admit(seq):
-                    break
-                self.waiting.popleft()
-            self.waiting.extendleft(reversed(compiling))
-            return swap_in
-        self._admit_in_prefix_order(target)
+        if self.config.enable_prefix_caching:
+            self._admit_in_prefix_order(target)
+        else:
+            self._admit_in_order(target)
         return swap_in
+
+    def _admit_in_order(self, target: int) -> None:
+        """FIFO admission; sequences still waiting for their grammar keep their places."""
+        compiling: list[Sequence] = []  # set aside from the head, put back in order
+        while self.waiting and len(self.running) < target:
+            seq = self.waiting[0]
+            if seq.status is S.WAITING_FOR_GRAMMAR:
+                compiling.append(self.waiting.popleft())
+            elif self._admit(seq, []):
+                self.waiting.popleft()
+            else:
+                break
+        self.waiting.extendleft(reversed(compiling))
 
     def _admit_in_prefix_order(self, target: int) -> None:
         """Admit waiting sequences longest cached prefix first; defer one whose next block a
         running sequence is computing (see the module NOTE)."""
-        window = [self.waiting[i] for i in range(min(len(self.waiting), _ADMISSION_WINDOW_PER_SLOT * target))]
-        window = [seq for seq in window if self._grammar_ready(seq)]
-        cached = {id(seq): len(self.blocks.lookup(self._prefix_hashes(seq))) for seq in window}
-        window.sort(key=lambda seq: -cached[id(seq)])  # stable: arrival order among equals
-        computing = {h for seq in self.running for h in seq.block_hashes[seq.num_registered_blocks:]}
+        kv = self.kv
+        window = [self.waiting[i] for i in range(min(len(self.waiting), ADMISSION_WINDOW_PER_SLOT * target))]
+        window = [seq for seq in window if seq.status is S.WAITING]
+        cached = {id(seq): kv.computed_prefix(seq) for seq in window}
+        window.sort(key=lambda seq: -len(cached[id(seq)]))  # stable: arrival order among equals
+        computing = kv.computing_names(self.running)
         admitted = set()
         for seq in window:
             if len(self.running) >= target:
                 break
-            hashes, hit = seq.block_hashes, cached[id(seq)]
-            if hit < len(hashes) and hashes[hit] in computing and seq.num_deferrals < _MAX_DEFERRALS:
+            names, hit = kv.prefix_names(seq), len(cached[id(seq)])
+            if hit < len(names) and names[hit] in computing and seq.num_deferrals < MAX_DEFERRALS:
                 seq.num_deferrals += 1
                 continue
-            if not self._admit(seq):
+            # Looked up again: an admission just before may have evicted blocks.
+            if not self._admit(seq, kv.computed_prefix(seq)):
                 break
             admitted.add(id(seq))
-            computing.update(hashes[hit:])
+            computing.update(names[hit:])
         if admitted:
             self.waiting = deque(seq for seq in self.waiting if id(seq) not in admitted)
 
-    def _prefix_hashes(self, seq: Sequence) -> list[int]:
-        """Hashes of the full blocks the sequence may take from the cache: all but the block
-        holding its last token, which is always computed (its logits are needed)."""
-        limit = (seq.num_tokens - 1) // self.blocks.block_size
-        if len(seq.block_hashes) < limit:
-            block_hashes(seq.token_ids, self.blocks.block_size, seq.block_hashes, limit)
-        return seq.block_hashes[:limit]
-
-    def _admit(self, seq: Sequence) -> bool:
-        """Pages for all of the sequence's tokens (a swapped-in KV plus its pending token); with
-        prefix caching, a sequence without KV takes its longest cached prefix as computed."""
-        needed = self.blocks.blocks_for(seq.num_tokens)
-        headroom = len(self.running)  # one page of growth per running sequence
-        cached: list[int] = []
-        # A sequence computing prompt logprobs needs every prompt position: no cached prefix.
-        caching = (self.config.enable_prefix_caching and seq.num_computed_tokens == 0
-                   and seq.params.prompt_logprobs is None)
-        if caching:  # looked up again here: an admission just before may have evicted blocks
-            cached = self.blocks.lookup(self._prefix_hashes(seq))
-        if not self.blocks.can_allocate(needed - len(cached) + self.blocks.num_free_among(cached) + headroom):
+    def _admit(self, seq: Sequence, computed: list[int]) -> bool:
+        """Pages for all of the sequence's tokens (a swapped-in KV plus its pending token), the
+        ``computed`` prefix from the cache taken as computed."""
+        if not self.kv.can_admit(seq, computed, headroom=len(self.running)):  # a page per running seq
             return False
-        self.blocks.touch(cached)  # before allocating: a fresh block must not evict these
-        seq.block_ids = cached + self.blocks.allocate(needed - len(cached))
-        seq.num_registered_blocks = len(cached)
-        if caching:
-            hit = len(cached) * self.blocks.block_size
+        hit = self.kv.admit(seq, computed)
+        if self.config.enable_prefix_caching and seq.num_computed_tokens == 0 and seq.params.prompt_logprobs is None:
             seq.num_computed_tokens = hit
             self.stats.num_prefix_query_tokens += seq.num_tokens
             self.stats.num_prefix_hit_tokens += hit
             if seq.num_cached_tokens is None:
                 seq.num_cached_tokens = hit
-        seq.transition(SequenceStatus.RUNNING)
+        seq.transition(S.RUNNING)
         self.running.append(seq)
         return True
 
@@ -338,19 +294,16 @@ class Scheduler:
             if kv is not None:  # not swapped back in within the same step
                 seq.host_kv = kv
         finished = []
-        for seq in self._failed:
+        for seq in out.finished:
             seq.finish("error", now_s, error=seq.structured.error)
             finished.append(seq)
-        self._failed.clear()
         tokens = iter(result.sampled_token_ids)
         logprobs = iter(result.logprobs or ())
-        caching = self.config.enable_prefix_caching
         for seq, qlen, samples in zip(out.seqs, out.query_lens, out.samples):
             seq.num_computed_tokens += qlen
-            if caching and seq.num_computed_tokens // self.blocks.block_size > seq.num_registered_blocks:
-                self._register_blocks(seq)
+            self.kv.commit(seq)
             if seq.request_id in result.prompt_logprobs:
-                _add_prompt_logprobs(seq, *result.prompt_logprobs[seq.request_id])
+                add_prompt_logprobs(seq, *result.prompt_logprobs[seq.request_id])
             if not samples:
                 continue
             token = next(tokens)
@@ -363,67 +316,31 @@ class Scheduler:
             if seq.first_token_s is None:
                 seq.first_token_s = now_s
             error = None if seq.structured is None else self.structured.accept(seq, token)
-            reason = "error" if error is not None else self._stop_reason(seq, token)
+            reason = "error" if error is not None else stop_reason(seq, token, self.eos_token_ids,
+                                                                   self.max_model_len, self.detokenize)
             if reason is None and seq.structured is not None and self.structured.is_terminated(seq):
                 reason = "stop"  # the grammar is complete: nothing but end-of-sequence could follow
             if reason is not None:
                 self.running.remove(seq)
-                self._free_pages(seq)
+                self.kv.free(seq)
                 seq.finish(reason, now_s, error=error)
                 finished.append(seq)
         return finished
 
-    def _register_blocks(self, seq: Sequence) -> None:
-        """Name the sequence's blocks whose KV is now complete in the prefix cache."""
-        size = self.blocks.block_size
-        full = seq.num_computed_tokens // size
-        if len(seq.block_hashes) < full:
-            block_hashes(seq.token_ids, size, seq.block_hashes, full)
-        for i in range(seq.num_registered_blocks, full):
-            self.blocks.cache(seq.block_ids[i], seq.block_hashes[i])
-        seq.num_registered_blocks = full
-
-    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
-        params = seq.params
-        if not params.ignore_eos and token in self.eos_token_ids:
-            return "stop"
-        if params.stop_token_ids and token in params.stop_token_ids:
-            return "stop"
-        if params.stop_strings and self.detokenize is not None and self._hits_stop_string(seq):
-            return "stop"
-        if seq.num_generated >= params.max_tokens or seq.num_tokens >= self.max_model_len:
-            return "length"
-        return None
-
-    def _hits_stop_string(self, seq: Sequence) -> bool:
-        longest = max(len(s) for s in seq.params.stop_strings)
-        tail = self.detokenize(seq.output_token_ids[-(longest + 8) :])
-        if not any(s in tail for s in seq.params.stop_strings):
-            return False
-        text = self.detokenize(seq.output_token_ids)
-        cut = min((i for i in (text.find(s) for s in seq.params.stop_strings) if i >= 0), default=-1)
-        if cut < 0:
-            return False
-        seq.stop_text_len = cut
-        return True
-
     # -- errors and migration -------------------------------------------------------------------
-
-    def _free_pages(self, seq: Sequence) -> None:
-        self.blocks.free(seq.block_ids)  # cached blocks keep their KV until the space is needed
-        seq.block_ids = []
-        seq.num_registered_blocks = 0
 
     def _take_out(self, seq: Sequence) -> None:
         """Remove a queued or running sequence from its queue, freeing its pages and host KV."""
-        if seq.status is SequenceStatus.RUNNING:
+        if seq in self.compiling:
+            self.compiling.remove(seq)
+        if seq.status is S.RUNNING:
             self.running.remove(seq)
-            self._free_pages(seq)
-        elif seq.status is SequenceStatus.SUSPENDED:
+            self.kv.free(seq)
+        elif seq in self.suspended:
             self.suspended.remove(seq)
             if seq.host_kv is not None:
                 self.host_bytes_used -= seq.num_computed_tokens * self.kv_bytes_per_token
-        elif seq.status is SequenceStatus.WAITING:
+        elif seq.status in (S.WAITING, S.WAITING_FOR_GRAMMAR):
             self.waiting.remove(seq)
         else:
             raise RuntimeError(f"sequence {seq.request_id} is {seq.status.name}: not in a queue")
@@ -433,10 +350,10 @@ class Scheduler:
         return its portable state. ``kv`` is a running sequence's KV read out of its pages
         (the caller's: reading pages needs the KV cache); a suspended one's host KV goes with it
         when ``with_kv``."""
-        if seq.status is SequenceStatus.SUSPENDED and with_kv:
+        if seq.status is S.SUSPENDED and with_kv:
             kv = seq.host_kv
         self._take_out(seq)
-        seq.transition(SequenceStatus.EXPORTED)
+        seq.transition(S.EXPORTED)
         seq.host_kv = None
         seq.structured = None  # the importing engine replays the output tokens into a new matcher
         return seq.export_state(kv if with_kv else None)
@@ -445,8 +362,8 @@ class Scheduler:
         """MIGRATE in: continue a sequence exported by another engine, as request ``request_id``.
 
         One that has generated nothing waits like a new request; one mid-generation resumes like
-        a suspended one, through the swap-in path when ``state.kv`` holds its KV (it counts in
-        the host pool until restored), else by recompute.
+        a suspended one, through the swap-in path when ``state.kv`` holds its KV and the host
+        pool (``swap_space_bytes``) has room for it until restored, else by recompute.
         """
         seq = Sequence(request_id, list(state.prompt_token_ids), state.params, state.seed, arrival_s=now_s)
         seq.output_token_ids = list(state.output_token_ids)
@@ -456,12 +373,12 @@ class Scheduler:
             self.add(seq)
             return seq
         self._attach_grammar(seq)
-        seq.transition(SequenceStatus.SUSPENDED)
+        if seq.status is S.WAITING:
+            seq.transition(S.SUSPENDED)
         kv_tokens = 0 if state.kv is None else int(state.kv.shape[0])
-        if 0 < kv_tokens < seq.num_tokens:
+        if 0 < kv_tokens < seq.num_tokens and self._reserve_host(kv_tokens):
             seq.host_kv = state.kv
             seq.num_computed_tokens = kv_tokens
-            self.host_bytes_used += kv_tokens * self.kv_bytes_per_token
         self.suspended.append(seq)
         return seq
 
@@ -469,11 +386,3 @@ class Scheduler:
         """Finish a queued or running sequence with an error, freeing what it holds."""
         self._take_out(seq)
         seq.finish("error", now_s, error=reason)
-
-
-def _add_prompt_logprobs(seq: Sequence, first: int, entries: list) -> None:
-    """Record prompt entries from prompt index ``first`` on (a recompute's repeats are dropped)."""
-    if seq.prompt_logprobs is None:
-        seq.prompt_logprobs = [None]  # the first prompt token has no logprob (vLLM's convention)
-    if first == len(seq.prompt_logprobs):
-        seq.prompt_logprobs.extend(entries)

@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # the scheduler imports this module and stays torch-free
 
 
 class SequenceStatus(enum.Enum):
+    WAITING_FOR_GRAMMAR = "waiting_for_grammar"  # queued while its structured-output grammar compiles
     WAITING = "waiting"  # in the waiting pool, never run
     RUNNING = "running"  # holds KV pages in the pool; scheduled every step
     SUSPENDED = "suspended"  # yielded for memory: KV on host (swapped) or dropped (recompute)
@@ -31,6 +32,9 @@ class SequenceStatus(enum.Enum):
 
 # The lifecycle, as data. Every status change goes through ``Sequence.transition``, and only
 # the scheduler (or, for a sequence that never reached one, the engine) makes it:
+#   WAITING -> WAITING_FOR_GRAMMAR   added (or imported) with structured outputs: compiling
+#   WAITING_FOR_GRAMMAR -> WAITING   its grammar is ready (SUSPENDED: it had generated tokens)
+#   WAITING_FOR_GRAMMAR -> FINISHED  its grammar failed: an error row, in the step that saw it
 #   WAITING -> RUNNING      admitted into the running set
 #   WAITING -> SUSPENDED    imported mid-generation (MIGRATE in): it resumes like a suspended one
 #   RUNNING -> SUSPENDED    yielded to host when KV pages ran out
@@ -38,9 +42,12 @@ class SequenceStatus(enum.Enum):
 #   * -> FINISHED           stop, length, or error (an invalid request, an abort)
 #   * -> EXPORTED           MIGRATE out (it continues in another engine)
 TRANSITIONS: dict[SequenceStatus, frozenset[SequenceStatus]] = {
+    SequenceStatus.WAITING_FOR_GRAMMAR: frozenset(
+        {SequenceStatus.WAITING, SequenceStatus.SUSPENDED, SequenceStatus.FINISHED, SequenceStatus.EXPORTED}
+    ),
     SequenceStatus.WAITING: frozenset(
-        {SequenceStatus.RUNNING, SequenceStatus.SUSPENDED, SequenceStatus.FINISHED,
-         SequenceStatus.EXPORTED}
+        {SequenceStatus.WAITING_FOR_GRAMMAR, SequenceStatus.RUNNING, SequenceStatus.SUSPENDED,
+         SequenceStatus.FINISHED, SequenceStatus.EXPORTED}
     ),
     SequenceStatus.RUNNING: frozenset(
         {SequenceStatus.SUSPENDED, SequenceStatus.FINISHED, SequenceStatus.EXPORTED}
@@ -90,11 +97,11 @@ class Sequence:
     first_token_s: float | None = None
     finished_s: float | None = None
     num_suspensions: int = 0
-    # Prefix cache (the scheduler's): hashes of the sequence's full blocks so far (tokens never
+    # KV blocks (the KV manager's): names of the sequence's full blocks so far (tokens never
     # change, so they survive suspension), how many of its current blocks are named in the
-    # cache, the prompt tokens its first admission found cached, admissions it waited for a
-    # sibling computing a shared prefix.
-    block_hashes: list[int] = field(default_factory=list)
+    # prefix cache; the prompt tokens its first admission found cached, admissions it waited
+    # for a sibling computing a shared prefix (the scheduler's).
+    block_names: list[bytes] = field(default_factory=list)
     num_registered_blocks: int = 0
     num_cached_tokens: int | None = None
     num_deferrals: int = 0

@@ -1,0 +1,60 @@
+"""What the scheduler hands the model runner for one forward (``SchedulerOutput``), its counters,
+and the constants of its admission policy. No torch: plain lists of records and ints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from batchgen_data.engine.core.sequence import Sequence
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """One forward's work, in batch order: plain lists of sequences and ints (and, for swap-in,
+    the host KV to restore)."""
+
+    seqs: list[Sequence]
+    query_lens: list[int]
+    samples: list[bool]  # the sequence's pending tokens all run now: sample its next token
+    # Save these pages' KV to host first (the runner returns it in ``ModelRunnerOutput.host_kv``)...
+    swap_out: list[tuple[Sequence, list[int]]] = field(default_factory=list)
+    # ...then restore host KV into the sequences' new pages. ``None``: the sequence was swapped
+    # out earlier in this same step; its KV is what the runner just read.
+    swap_in: list[tuple[Sequence, Any]] = field(default_factory=list)
+    # Structured outputs: positions, among the sampling sequences, of the constrained ones, and
+    # their bitmasks of allowed tokens (numpy [len(grammar_rows), ceil(V / 32)] int32).
+    grammar_rows: list[int] = field(default_factory=list)
+    grammar_bitmask: Any = None
+    # Taken out while scheduling (a grammar that failed): they finish as errors in ``update``.
+    finished: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.query_lens)
+
+    @property
+    def is_progress(self) -> bool:
+        """Whether this step changes anything: a forward, a suspension or a finished sequence."""
+        return bool(self.seqs or self.swap_out or self.finished)
+
+
+# With prefix caching: how many sequences at the head of the waiting queue are ordered by
+# their cached prefix (bounds the per-refill lookups), and how many admissions one may wait for
+# a sibling computing its next block (the starvation bound).
+ADMISSION_WINDOW_PER_SLOT = 2
+MAX_DEFERRALS = 8
+# How long one wait for a grammar compile lasts before the scheduler looks at its queues again.
+GRAMMAR_WAIT_S = 1.0
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    num_suspended: int = 0
+    num_resumed_swap: int = 0
+    num_resumed_recompute: int = 0
+    num_recomputed_tokens: int = 0
+    num_prefix_query_tokens: int = 0  # tokens of sequences admitted while caching is on
+    num_prefix_hit_tokens: int = 0  # of which found in the prefix cache (not computed)

@@ -1,0 +1,56 @@
+"""When a sequence stops, and the bookkeeping of its per-token outputs. No torch.
+
+``stop_reason`` applies vLLM's stop rules after each sampled token, in their order: end of
+sequence (unless ``ignore_eos``), ``stop_token_ids``, stop strings (found by detokenizing the
+tail, then cut where the first one starts), ``max_tokens`` and the context limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from batchgen_data.engine.core.sequence import Sequence
+
+# Tokens decoded beyond the longest stop string when looking for one in a sequence's tail (a
+# stop string can start inside a token that also holds earlier text).
+_STOP_TAIL_SLACK_TOKENS = 8
+
+
+def stop_reason(seq: Sequence, token: int, eos_token_ids: frozenset[int], max_model_len: int,
+                detokenize: Callable[[list[int]], str] | None) -> str | None:
+    """``"stop"``, ``"length"`` or None (go on) after ``token`` was appended to ``seq``; a hit
+    stop string also sets ``seq.stop_text_len``."""
+    params = seq.params
+    if not params.ignore_eos and token in eos_token_ids:
+        return "stop"
+    if params.stop_token_ids and token in params.stop_token_ids:
+        return "stop"
+    if params.stop_strings and detokenize is not None and _hits_stop_string(seq, detokenize):
+        return "stop"
+    if seq.num_generated >= params.max_tokens or seq.num_tokens >= max_model_len:
+        return "length"
+    return None
+
+
+def _hits_stop_string(seq: Sequence, detokenize: Callable[[list[int]], str]) -> bool:
+    stops = seq.params.stop_strings
+    longest = max(len(s) for s in stops)
+    tail = detokenize(seq.output_token_ids[-(longest + _STOP_TAIL_SLACK_TOKENS):])
+    if not any(s in tail for s in stops):
+        return False
+    text = detokenize(seq.output_token_ids)
+    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+    if cut < 0:
+        return False
+    seq.stop_text_len = cut
+    return True
+
+
+def add_prompt_logprobs(seq: Sequence, first: int, entries: list) -> None:
+    """Record prompt entries from prompt index ``first`` on (a recompute's repeats are dropped)."""
+    if seq.prompt_logprobs is None:
+        seq.prompt_logprobs = [None]  # the first prompt token has no logprob (vLLM's convention)
+    if first == len(seq.prompt_logprobs):
+        seq.prompt_logprobs.extend(entries)
