@@ -85,3 +85,30 @@ def test_first_argmax_block_search_keeps_argmax_semantics(vocab):
     x[8] = float("-inf")
     x[8, vocab // 2] = 1.0
     assert torch.equal(first_argmax(x), x.max(dim=-1).indices)
+
+
+def test_sampler_steps_run_in_their_declared_order_and_only_for_rows_that_ask():
+    from batchgen_data.engine.sample.sampler import Sampler
+    from batchgen_data.engine.sample.steps import SAMPLING_STEPS, CaptureLogprobs, GrammarMask, Sample
+
+    assert [type(s) for s in SAMPLING_STEPS] == [GrammarMask, Sample, CaptureLogprobs]
+    ran = []
+
+    class Spy:
+        def __init__(self, step):
+            self.step = step
+
+        def applies(self, batch):
+            return self.step.applies(batch)
+
+        def __call__(self, state, batch):
+            ran.append(type(self.step).__name__)
+            self.step(state, batch)
+
+    sampler = Sampler(tuple(Spy(s) for s in SAMPLING_STEPS))
+    logits = torch.tensor([[0.1, 2.0, 0.3], [1.0, 0.0, 0.5]])
+    out = sampler(logits.clone(), SamplingBatch.build([0.0, 0.0], [1.0, 1.0], [0, 0], [1, 2], [0, 0]))
+    assert ran == ["Sample"] and out.logprobs is None and out.token_ids.tolist() == [1, 0]
+    ran.clear()
+    out = sampler(logits.clone(), SamplingBatch.build([0.0, 0.0], [1.0, 1.0], [0, 0], [1, 2], [0, 0], logprobs=[None, 1]))
+    assert ran == ["Sample", "CaptureLogprobs"] and out.logprobs[0] is None and out.logprobs[1] is not None

@@ -1,0 +1,104 @@
+"""The sampling kernels: counter-based noise, seeded Gumbel-max sampling, top-k, top-p, and a
+first-maximum argmax (see ``sampler.py`` for why the noise is counter-based)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from batchgen_data.engine.sample.batch import SamplingBatch
+
+# first_argmax on CPU: block size, and the shortest row worth the block search.
+_ARGMAX_BLOCK = 64
+_ARGMAX_MIN_VOCAB = 4096
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+def counter_uniform(seeds, steps) -> np.ndarray:
+    """SplitMix64 of (seed, step) -> float64 uniforms in [0, 1) (lists, arrays or host tensors)."""
+    with np.errstate(over="ignore"):
+        x = np.asarray(seeds, dtype=np.int64).astype(np.uint64) * _GOLDEN
+        x += np.asarray(steps, dtype=np.int64).astype(np.uint64) * _MIX1
+        x ^= x >> np.uint64(30)
+        x *= _MIX1
+        x ^= x >> np.uint64(27)
+        x *= _MIX2
+        x ^= x >> np.uint64(31)
+    return (x >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """logits: [N, V] fp32 -> token ids [N] (int64, same device)."""
+    tokens = first_argmax(logits)  # greedy for every row; sampled rows overwritten below
+    if batch.all_greedy:
+        return tokens
+    idx = (batch.temperatures > 0.0).nonzero().squeeze(1)  # [n] rows that sample
+    scaled = logits[idx] / batch.temperatures[idx, None]  # [n, V]
+    if batch.any_top_k:
+        scaled = _apply_top_k(scaled, batch.top_ks[idx])
+    if batch.any_top_p:
+        scaled = _apply_top_p(scaled, batch.top_ps[idx])
+    host_idx = idx.cpu()
+    gumbel = _gumbel_noise(batch.seeds[host_idx], batch.steps[host_idx], scaled.shape[1])
+    tokens[idx] = first_argmax(scaled + gumbel.to(logits.device))
+    return tokens
+
+
+def first_argmax(x: torch.Tensor) -> torch.Tensor:
+    """[N, V] -> [N]: the index of each row's first maximum (NaN counts as the maximum), as
+    ``argmax`` and transformers' greedy search pick it.
+
+    On CPU over a long row it goes through block maxima: ``amax`` over blocks of ``_ARGMAX_BLOCK``
+    tokens is one fast reduction, the first block holding the row's maximum holds its first
+    occurrence, and only that block is searched; ``max(dim).indices`` over 64 rows of a 152k
+    vocabulary takes ~5-7 ms on a 2-core EPYC, this ~1 ms. Elsewhere (and on short rows)
+    ``max(dim).indices``, which has the same documented semantics and beats ``argmax`` 3-4x.
+    """
+    num_rows, vocab = x.shape
+    if x.device.type != "cpu" or vocab < _ARGMAX_MIN_VOCAB:
+        return x.max(dim=-1).indices
+    head = (vocab // _ARGMAX_BLOCK) * _ARGMAX_BLOCK
+    block_max = x[:, :head].reshape(num_rows, -1, _ARGMAX_BLOCK).amax(dim=-1)  # [N, full blocks]
+    if head < vocab:  # a last, partial block
+        block_max = torch.cat([block_max, x[:, head:].amax(dim=-1, keepdim=True)], dim=1)
+    best = block_max.max(dim=-1)  # the row maximum and the first block holding it (NaN first)
+    starts = best.indices * _ARGMAX_BLOCK  # [N]
+    index = (starts[:, None] + torch.arange(_ARGMAX_BLOCK)).clamp_(max=vocab - 1)  # [N, B]
+    values = x.gather(1, index)
+    target = best.values[:, None]
+    hit = (values == target) | (values.isnan() & target.isnan())
+    return starts + hit.int().argmax(dim=-1)  # the first hit (clamped repeats come after it)
+
+
+def _gumbel_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[n, V] Gumbel(0, 1) noise; row i depends only on (seeds[i], steps[i])."""
+    keys = (counter_uniform(seeds.numpy(), steps.numpy()) * 2.0**53).astype(np.int64)  # 53-bit row seeds
+    uniform = torch.empty(len(keys), vocab)
+    for row, key in enumerate(keys.tolist()):
+        uniform[row].uniform_(generator=torch.Generator().manual_seed(key))
+    return -torch.log(-torch.log(uniform.clamp_(min=1e-12, max=1.0 - 1e-7)))
+
+
+def _apply_top_k(scaled: torch.Tensor, top_ks: torch.Tensor) -> torch.Tensor:
+    """top_ks: [n] int64 (<= 0 or >= V: keep all)."""
+    vocab = scaled.shape[1]
+    ks = torch.where((top_ks > 0) & (top_ks < vocab), top_ks, vocab)  # [n]
+    k_max = int(ks.max())
+    values = scaled.topk(k_max, dim=-1).values  # [n, k_max]
+    threshold = values.gather(1, (ks - 1)[:, None])  # [n, 1]
+    return scaled.masked_fill(scaled < threshold, float("-inf"))
+
+
+def _apply_top_p(scaled: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
+    """top_ps: [n] fp32."""
+    sorted_logits, order = scaled.sort(dim=-1, descending=True)
+    sorted_probs = torch.softmax(sorted_logits, dim=-1)
+    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # [n, V]
+    remove_sorted = mass_before >= top_ps[:, None]  # keeps the smallest prefix reaching p (at least one token)
+    remove = torch.zeros_like(remove_sorted).scatter_(1, order, remove_sorted)
+    return scaled.masked_fill(remove, float("-inf"))
