@@ -15,7 +15,7 @@ from batchgen_data.engine.core.kv_manager import block_name
 from batchgen_data.engine.core.runner_output import ModelRunnerOutput
 from batchgen_data.engine.sampling_params import SamplingParams as SP
 from batchgen_data.engine.core.scheduler import Scheduler
-from batchgen_data.engine.core.scheduler_output import MAX_DEFERRALS
+from batchgen_data.engine.core.admission import MAX_DEFERRALS
 from batchgen_data.engine.core.sequence import Sequence
 from batchgen_data.model import MoEModel
 from batchgen_data.model.kv_cache import KVCache
@@ -249,6 +249,6 @@ def test_an_imported_sequence_finds_its_prefix_in_the_receiving_engine(tiny_chec
     while target.has_unfinished_requests():
         done.update({s.request_id: s for s in target.step()})
     seq = done[imported.request_id]
-    assert seq.output_token_ids == expected[0]
-    assert seq.num_cached_tokens >= 8  # the recompute started after the cached template
+    assert seq.output.token_ids == expected[0]
+    assert seq.output.num_cached_tokens >= 8  # the recompute started after the cached template
     assert target.stats().num_recomputed_tokens < seq.num_tokens - 1

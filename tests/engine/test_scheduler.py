@@ -191,6 +191,23 @@ def test_export_takes_a_sequence_out_of_any_queue_and_frees_what_it_held():
         sched.export(waiting)
 
 
+def test_imported_kv_that_does_not_fit_the_host_pool_is_recomputed_instead():
+    """An import's KV counts against ``swap_space_bytes`` like a swap-out's (it used to be added
+    to the host pool unchecked, past the budget)."""
+    from batchgen_data.engine.core.sequence import SequenceState
+
+    class FakeKV:
+        shape = (3, 8)
+
+    sched = _small_scheduler(swap_space_bytes=10)  # 3 bytes per token: room for 3 tokens, not 6
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    first = sched.import_state(SequenceState(9, [1, 2], [3, 4], params, 5, kv=FakeKV()), request_id=1, now_s=0.0)
+    second = sched.import_state(SequenceState(9, [1, 2], [3, 4], params, 5, kv=FakeKV()), request_id=2, now_s=0.0)
+    assert first.num_computed_tokens == 3 and first.host_kv is not None
+    assert second.num_computed_tokens == 0 and second.host_kv is None  # recomputed: it did not fit
+    assert sched.host_bytes_used == 9 <= sched.config.swap_space_bytes
+
+
 def test_import_resumes_mid_generation_through_swap_in_or_recompute_and_counts_host_bytes():
     from batchgen_data.engine.core.sequence import SequenceState
 

@@ -14,10 +14,8 @@ NOTE: one step of ``schedule()``:
      sequences resume first, then waiting ones are admitted, while their pages fit (keeping one
      page of headroom per running sequence) and the set is below max_num_seqs. With prefix
      caching, a sequence starts after the longest prefix of its blocks already cached (at
-     least its last token is computed), and waiting ones are admitted in prefix order: within
-     a window at the queue's head, the longest cached prefix first (ties in arrival order), and
-     one whose next block a running sequence is computing right now waits for it (at most
-     ``MAX_DEFERRALS`` admissions), so siblings never compute a shared prefix twice. When
+     least its last token is computed), and waiting ones are admitted in prefix order
+     (``admission.py``: longest cached prefix first, siblings wait for a shared prefix). When
      nothing can run until a grammar compiles, the step waits for one (and only then).
   3. Emit. The running sequences with work this step, in order, and their query lengths, are
      COMBINED into one forward (the model runner splits attention into micro-batches); the
@@ -27,33 +25,31 @@ blocks whose KV is now complete to the prefix cache, appends sampled tokens (adv
 grammars), applies the stop rules and frees finished sequences.
 Per-sequence Python work here is O(1) per step; page work happens once per page of tokens.
 
-The scheduler keeps policy; the KV manager (``kv_manager.py``) owns blocks and the prefix cache.
-The scheduler is the only writer of its state: its queues, the records' statuses and host KV,
-and the host-byte counter change only through its methods (``add``, ``schedule``, ``update``,
-``export``, ``import_state``, ``abort``); every status change goes through
-``Sequence.transition``.
+The scheduler keeps policy; the KV manager (``kv_manager.py``) owns blocks and the prefix cache,
+the host pool (``host_pool.py``) the swapped KV's bytes. The scheduler alone writes its queues and
+its records' statuses and host KV, through its methods (``add``, ``schedule``, ``update``,
+``export``, ``import_state``, ``abort``); every status change goes through ``Sequence.transition``.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from batchgen_data.config import EngineConfig
+from batchgen_data.engine.core.admission import ADMISSION_WINDOW_PER_SLOT, plan_prefix_admission
+from batchgen_data.engine.core.grammar_gate import GrammarGate
+from batchgen_data.engine.core.host_pool import HostKVPool
 from batchgen_data.engine.core.kv_manager import KVCacheManager
 from batchgen_data.engine.core.runner_output import ModelRunnerOutput
-from batchgen_data.engine.core.scheduler_output import (
-    ADMISSION_WINDOW_PER_SLOT,
-    GRAMMAR_WAIT_S,
-    MAX_DEFERRALS,
-    SchedulerOutput,
-    SchedulerStats,
-)
+from batchgen_data.engine.core.scheduler_output import SchedulerOutput, SchedulerStats
 from batchgen_data.engine.core.sequence import Sequence, SequenceState, SequenceStatus
-from batchgen_data.engine.core.suspend_policy import pick_victim, resume_order
 from batchgen_data.engine.core.stop_rules import add_prompt_logprobs, stop_reason
-from batchgen_data.engine.structured.manager import StructuredOutputManager
+from batchgen_data.engine.core.suspend_policy import pick_victim, resume_order
+
+if TYPE_CHECKING:
+    from batchgen_data.engine.structured.manager import StructuredOutputManager
 
 S = SequenceStatus
 
@@ -69,37 +65,27 @@ class Scheduler:
         kv_bytes_per_token: int,
         eos_token_ids: frozenset[int] = frozenset(),
         detokenize: Callable[[list[int]], str] | None = None,
-        structured: StructuredOutputManager | None = None,
+        structured: StructuredOutputManager | None = None,  # grammars (structured outputs)
     ):
         self.config = config
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
                                  config.prefix_caching_hash_algo)
         self.max_model_len = max_model_len
         self.kv_bytes_per_token = kv_bytes_per_token
+        self.host = HostKVPool(config.swap_space_bytes, kv_bytes_per_token)
         self.eos_token_ids = eos_token_ids
         self.detokenize = detokenize
-        self.structured = structured
+        self.grammars = GrammarGate(structured)
         self.waiting: deque[Sequence] = deque()
         self.suspended: list[Sequence] = []
         self.running: list[Sequence] = []
-        self.compiling: list[Sequence] = []  # WAITING_FOR_GRAMMAR, also in waiting or suspended
-        self.host_bytes_used = 0
         self.stats = SchedulerStats()
 
     # -- queues ---------------------------------------------------------------------------------
 
     def add(self, seq: Sequence) -> None:
-        self._attach_grammar(seq)
+        self.grammars.attach(seq)
         self.waiting.append(seq)
-
-    def _attach_grammar(self, seq: Sequence) -> None:
-        if seq.params.structured_outputs is None:
-            return
-        if self.structured is None:
-            raise RuntimeError("a sequence with structured_outputs reached a scheduler without a grammar manager")
-        self.structured.attach(seq)
-        seq.transition(S.WAITING_FOR_GRAMMAR)
-        self.compiling.append(seq)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.suspended or self.running)
@@ -113,6 +99,15 @@ class Scheduler:
         return len(self.running)
 
     @property
+    def compiling(self) -> list[Sequence]:
+        """Queued sequences ``WAITING_FOR_GRAMMAR`` (also in ``waiting`` or ``suspended``)."""
+        return self.grammars.compiling
+
+    @property
+    def host_bytes_used(self) -> int:
+        return self.host.used_bytes
+
+    @property
     def num_queued(self) -> int:
         """Waiting (or waiting for a grammar) or suspended."""
         return len(self.waiting) + len(self.suspended)
@@ -124,9 +119,8 @@ class Scheduler:
         swap_out: list[tuple[Sequence, list[int]]] = []
         self._extend(swap_out)
         swap_in = self._refill()
-        while not self.running and not finished and self.compiling:
-            # Nothing can run until a grammar compiles: block on the compile thread.
-            StructuredOutputManager.wait_any(self.compiling, timeout_s=GRAMMAR_WAIT_S)
+        while not self.running and not finished and self.grammars.compiling:
+            self.grammars.wait_any()  # nothing can run until a grammar compiles
             finished = self._poll_grammars()
             swap_in += self._refill()
         budget = self.config.max_num_batched_tokens
@@ -143,23 +137,17 @@ class Scheduler:
                 seqs.append(seq), query_lens.append(chunk), samples.append(chunk == pending)
                 budget -= chunk
         out = SchedulerOutput(seqs, query_lens, samples, swap_out, swap_in, finished=finished)
-        if self.structured is not None:
+        if self.grammars.structured is not None:
             sampling = [seq for seq, smp in zip(seqs, samples) if smp]
-            out.grammar_rows = [row for row, seq in enumerate(sampling) if seq.structured is not None]
-            if out.grammar_rows:
-                out.grammar_bitmask = self.structured.bitmask([sampling[row] for row in out.grammar_rows])
+            out.grammar_rows, out.grammar_bitmask = self.grammars.bitmask(sampling)
         return out
 
     def _poll_grammars(self) -> list[Sequence]:
-        """Move compiled sequences on; take out (to finish as errors) those whose grammar failed."""
-        failed = []
-        for seq in list(self.compiling):
-            if self.structured.poll(seq):
-                self.compiling.remove(seq)
-                seq.transition(S.SUSPENDED if seq in self.suspended else S.WAITING)
-            elif seq.structured.error is not None:
-                self._take_out(seq)
-                failed.append(seq)
+        """Compiled sequences go on; those whose grammar failed are taken out (they finish as
+        errors in ``update``)."""
+        failed = self.grammars.poll(self.suspended)
+        for seq in failed:
+            self._take_out(seq)
         return failed
 
     def _extend(self, swap_out: list) -> None:
@@ -183,20 +171,12 @@ class Scheduler:
         seq.transition(S.SUSPENDED)
         seq.num_suspensions += 1
         self.stats.num_suspended += 1
-        if seq.num_computed_tokens and self._reserve_host(seq.num_computed_tokens):
+        if seq.num_computed_tokens and self.host.reserve(seq.num_computed_tokens):
             swap_out.append((seq, list(seq.block_ids)))
         else:
             seq.num_computed_tokens = 0
         self.kv.free(seq)
         self.suspended.append(seq)
-
-    def _reserve_host(self, num_tokens: int) -> bool:
-        """Count ``num_tokens`` of KV in the host pool if they fit in ``swap_space_bytes``."""
-        kv_bytes = num_tokens * self.kv_bytes_per_token
-        if self.host_bytes_used + kv_bytes > self.config.swap_space_bytes:
-            return False
-        self.host_bytes_used += kv_bytes
-        return True
 
     def _refill(self) -> list[tuple[Sequence, Any]]:
         """Resume suspended sequences, then admit waiting ones, while their pages fit."""
@@ -220,7 +200,7 @@ class Scheduler:
             if swapped:
                 swap_in.append((seq, seq.host_kv))
                 seq.host_kv = None
-                self.host_bytes_used -= seq.num_computed_tokens * self.kv_bytes_per_token
+                self.host.release(seq.num_computed_tokens)
                 self.stats.num_resumed_swap += 1
             else:
                 self.stats.num_resumed_recompute += 1
@@ -245,27 +225,17 @@ class Scheduler:
         self.waiting.extendleft(reversed(compiling))
 
     def _admit_in_prefix_order(self, target: int) -> None:
-        """Admit waiting sequences longest cached prefix first; defer one whose next block a
-        running sequence is computing (see the module NOTE)."""
-        kv = self.kv
-        window = [self.waiting[i] for i in range(min(len(self.waiting), ADMISSION_WINDOW_PER_SLOT * target))]
-        window = [seq for seq in window if seq.status is S.WAITING]
-        cached = {id(seq): kv.computed_prefix(seq) for seq in window}
-        window.sort(key=lambda seq: -len(cached[id(seq)]))  # stable: arrival order among equals
-        computing = kv.computing_names(self.running)
+        """Admit waiting sequences in prefix order (``admission.py``)."""
+        head = [self.waiting[i] for i in range(min(len(self.waiting), ADMISSION_WINDOW_PER_SLOT * target))]
+        plan, deferred = plan_prefix_admission([seq for seq in head if seq.status is S.WAITING], self.kv,
+                                               self.running, target - len(self.running))
+        for seq in deferred:
+            seq.num_deferrals += 1
         admitted = set()
-        for seq in window:
-            if len(self.running) >= target:
-                break
-            names, hit = kv.prefix_names(seq), len(cached[id(seq)])
-            if hit < len(names) and names[hit] in computing and seq.num_deferrals < MAX_DEFERRALS:
-                seq.num_deferrals += 1
-                continue
-            # Looked up again: an admission just before may have evicted blocks.
-            if not self._admit(seq, kv.computed_prefix(seq)):
+        for seq in plan:  # its prefix looked up again: an admission just before may have evicted blocks
+            if not self._admit(seq, self.kv.computed_prefix(seq)):
                 break
             admitted.add(id(seq))
-            computing.update(names[hit:])
         if admitted:
             self.waiting = deque(seq for seq in self.waiting if id(seq) not in admitted)
 
@@ -307,18 +277,11 @@ class Scheduler:
             if not samples:
                 continue
             token = next(tokens)
-            seq.output_token_ids.append(token)
-            token_logprobs = next(logprobs, None)
-            if seq.params.logprobs is not None:
-                if seq.logprobs is None:
-                    seq.logprobs = []
-                seq.logprobs.append(token_logprobs)
-            if seq.first_token_s is None:
-                seq.first_token_s = now_s
-            error = None if seq.structured is None else self.structured.accept(seq, token)
+            seq.append_token(token, next(logprobs, None), now_s)
+            error, complete = (None, False) if seq.structured is None else self.grammars.advance(seq, token)
             reason = "error" if error is not None else stop_reason(seq, token, self.eos_token_ids,
                                                                    self.max_model_len, self.detokenize)
-            if reason is None and seq.structured is not None and self.structured.is_terminated(seq):
+            if reason is None and complete:
                 reason = "stop"  # the grammar is complete: nothing but end-of-sequence could follow
             if reason is not None:
                 self.running.remove(seq)
@@ -331,15 +294,14 @@ class Scheduler:
 
     def _take_out(self, seq: Sequence) -> None:
         """Remove a queued or running sequence from its queue, freeing its pages and host KV."""
-        if seq in self.compiling:
-            self.compiling.remove(seq)
+        self.grammars.discard(seq)
         if seq.status is S.RUNNING:
             self.running.remove(seq)
             self.kv.free(seq)
         elif seq in self.suspended:
             self.suspended.remove(seq)
             if seq.host_kv is not None:
-                self.host_bytes_used -= seq.num_computed_tokens * self.kv_bytes_per_token
+                self.host.release(seq.num_computed_tokens)
         elif seq.status in (S.WAITING, S.WAITING_FOR_GRAMMAR):
             self.waiting.remove(seq)
         else:
@@ -365,18 +327,15 @@ class Scheduler:
         a suspended one, through the swap-in path when ``state.kv`` holds its KV and the host
         pool (``swap_space_bytes``) has room for it until restored, else by recompute.
         """
-        seq = Sequence(request_id, list(state.prompt_token_ids), state.params, state.seed, arrival_s=now_s)
-        seq.output_token_ids = list(state.output_token_ids)
-        seq.logprobs = None if state.logprobs is None else list(state.logprobs)
-        seq.prompt_logprobs = None if state.prompt_logprobs is None else list(state.prompt_logprobs)
+        seq = Sequence.from_state(state, request_id, now_s)
         if not seq.output_token_ids:
             self.add(seq)
             return seq
-        self._attach_grammar(seq)
+        self.grammars.attach(seq)
         if seq.status is S.WAITING:
             seq.transition(S.SUSPENDED)
         kv_tokens = 0 if state.kv is None else int(state.kv.shape[0])
-        if 0 < kv_tokens < seq.num_tokens and self._reserve_host(kv_tokens):
+        if 0 < kv_tokens < seq.num_tokens and self.host.reserve(kv_tokens):
             seq.host_kv = state.kv
             seq.num_computed_tokens = kv_tokens
         self.suspended.append(seq)

@@ -1,5 +1,5 @@
-"""What the scheduler hands the model runner for one forward (``SchedulerOutput``), its counters,
-and the constants of its admission policy. No torch: plain lists of records and ints.
+"""What the scheduler hands the model runner for one forward (``SchedulerOutput``) and its counters.
+No torch: plain lists of records and ints.
 """
 
 from __future__ import annotations
@@ -41,13 +41,6 @@ class SchedulerOutput:
         return bool(self.seqs or self.swap_out or self.finished)
 
 
-# With prefix caching: how many sequences at the head of the waiting queue are ordered by
-# their cached prefix (bounds the per-refill lookups), and how many admissions one may wait for
-# a sibling computing its next block (the starvation bound).
-ADMISSION_WINDOW_PER_SLOT = 2
-MAX_DEFERRALS = 8
-# How long one wait for a grammar compile lasts before the scheduler looks at its queues again.
-GRAMMAR_WAIT_S = 1.0
 
 
 @dataclass(slots=True)

@@ -114,6 +114,25 @@ class Sequence:
     logprobs: list[TokenLogprobs] | None = None
     prompt_logprobs: list[TokenLogprobs | None] | None = None
 
+    @classmethod
+    def from_state(cls, state: SequenceState, request_id: int, now_s: float) -> Sequence:
+        """The record of a sequence continued from its portable state (MIGRATE in)."""
+        seq = cls(request_id, list(state.prompt_token_ids), state.params, state.seed, arrival_s=now_s)
+        seq.output_token_ids = list(state.output_token_ids)
+        seq.logprobs = None if state.logprobs is None else list(state.logprobs)
+        seq.prompt_logprobs = None if state.prompt_logprobs is None else list(state.prompt_logprobs)
+        return seq
+
+    def append_token(self, token: int, logprobs: TokenLogprobs | None, now_s: float) -> None:
+        """A sampled token (and its logprobs, kept when the request asked for them)."""
+        self.output_token_ids.append(token)
+        if self.params.logprobs is not None:
+            if self.logprobs is None:
+                self.logprobs = []
+            self.logprobs.append(logprobs)
+        if self.first_token_s is None:
+            self.first_token_s = now_s
+
     def transition(self, new: SequenceStatus) -> None:
         if new not in TRANSITIONS[self.status]:
             raise RuntimeError(f"sequence {self.request_id}: illegal transition {self.status.name} -> {new.name}")

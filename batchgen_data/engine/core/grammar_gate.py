@@ -1,0 +1,74 @@
+"""The grammar lifecycle of a scheduler's constrained sequences. No torch.
+
+NOTE: a sequence with structured outputs is ``WAITING_FOR_GRAMMAR`` from ``attach`` until its
+grammar has compiled (``poll``): then ``WAITING`` (``SUSPENDED`` if it was imported
+mid-generation, its matcher replayed over its tokens), or, if the grammar failed, out of the
+scheduler as an error row. While it runs, each step fills the bitmasks of the constrained rows
+that sample and advances their matchers by the sampled tokens. The compile itself runs on the
+grammar manager's thread; ``wait_any`` blocks only when nothing else can run.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from batchgen_data.engine.core.sequence import SequenceStatus
+
+if TYPE_CHECKING:
+    from batchgen_data.engine.core.sequence import Sequence
+    from batchgen_data.engine.structured.manager import StructuredOutputManager
+
+# How long one wait for a grammar compile lasts before the scheduler looks at its queues again.
+GRAMMAR_WAIT_S = 1.0
+
+
+class GrammarGate:
+    """Constrained sequences' grammars for one scheduler (``structured`` None: none allowed)."""
+
+    def __init__(self, structured: StructuredOutputManager | None):
+        self.structured = structured
+        self.compiling: list[Sequence] = []
+
+    def attach(self, seq: Sequence) -> None:
+        """Start compiling a constrained sequence's grammar; it waits for it from now on."""
+        if seq.params.structured_outputs is None:
+            return
+        if self.structured is None:
+            raise RuntimeError("a sequence with structured_outputs reached a scheduler without a grammar manager")
+        self.structured.attach(seq)
+        seq.transition(SequenceStatus.WAITING_FOR_GRAMMAR)
+        self.compiling.append(seq)
+
+    def poll(self, suspended: list[Sequence]) -> list[Sequence]:
+        """Let compiled sequences go on (``suspended`` ones resume as such); return those whose
+        grammar failed, still in their queues, for the scheduler to take out."""
+        failed = []
+        for seq in list(self.compiling):
+            if self.structured.poll(seq):
+                self.compiling.remove(seq)
+                seq.transition(SequenceStatus.SUSPENDED if seq in suspended else SequenceStatus.WAITING)
+            elif seq.structured.error is not None:
+                failed.append(seq)
+        return failed
+
+    def wait_any(self) -> None:
+        from batchgen_data.engine.structured.manager import StructuredOutputManager
+
+        StructuredOutputManager.wait_any(self.compiling, timeout_s=GRAMMAR_WAIT_S)
+
+    def discard(self, seq: Sequence) -> None:
+        if seq in self.compiling:
+            self.compiling.remove(seq)
+
+    def bitmask(self, sampling: list[Sequence]) -> tuple[list[int], Any]:
+        """Positions among ``sampling`` of the constrained rows, and their bitmasks."""
+        rows = [row for row, seq in enumerate(sampling) if seq.structured is not None]
+        if not rows or self.structured is None:
+            return [], None
+        return rows, self.structured.bitmask([sampling[row] for row in rows])
+
+    def advance(self, seq: Sequence, token: int) -> tuple[str | None, bool]:
+        """Advance a constrained sequence's matcher by its sampled token: (an error if the
+        grammar rejects it, whether the grammar is now complete)."""
+        error = self.structured.accept(seq, token)
+        return error, error is None and self.structured.is_terminated(seq)
