@@ -193,7 +193,7 @@ def test_export_takes_a_sequence_out_of_any_queue_and_frees_what_it_held():
 
 def test_imported_kv_that_does_not_fit_the_host_pool_is_recomputed_instead():
     """An import's KV counts against ``swap_space_bytes`` like a swap-out's (it used to be added
-    to the host pool unchecked, past the budget)."""
+    to the host pool unchecked, past the budget) when it cannot get pages at once."""
     from batchgen_data.engine.core.sequence import SequenceState
 
     class FakeKV:
@@ -201,8 +201,12 @@ def test_imported_kv_that_does_not_fit_the_host_pool_is_recomputed_instead():
 
     sched = _small_scheduler(swap_space_bytes=10)  # 3 bytes per token: room for 3 tokens, not 6
     params = SamplingParams(max_tokens=20, ignore_eos=True)
+    for i in range(sched.config.max_num_seqs):  # every running slot taken: imports must wait
+        sched.add(Sequence(100 + i, [5], params, seed=i))
+    sched.schedule()
     first = sched.import_state(SequenceState(9, [1, 2], [3, 4], params, 5, kv=FakeKV()), request_id=1, now_s=0.0)
     second = sched.import_state(SequenceState(9, [1, 2], [3, 4], params, 5, kv=FakeKV()), request_id=2, now_s=0.0)
+    assert first.status is second.status is SequenceStatus.SUSPENDED
     assert first.num_computed_tokens == 3 and first.host_kv is not None
     assert second.num_computed_tokens == 0 and second.host_kv is None  # recomputed: it did not fit
     assert sched.host_bytes_used == 9 <= sched.config.swap_space_bytes
@@ -219,15 +223,16 @@ def test_import_resumes_mid_generation_through_swap_in_or_recompute_and_counts_h
     fresh = sched.import_state(SequenceState(9, [1, 2], [], params, 5), request_id=40, now_s=1.0)
     assert fresh.status is SequenceStatus.WAITING and fresh.request_id == 40
     with_kv = sched.import_state(SequenceState(9, [1, 2], [3, 4], params, 5, kv=FakeKV()), request_id=41, now_s=1.0)
-    assert with_kv.status is SequenceStatus.SUSPENDED and with_kv.num_computed_tokens == 3
-    assert sched.host_bytes_used == 3 * 3  # 3 tokens of 3 bytes each, held on host until restored
+    # A slot and pages are free: it gets its pages now, and the next step restores its KV into
+    # them (nothing held in the host pool meanwhile).
+    assert with_kv.status is SequenceStatus.RUNNING and with_kv.num_computed_tokens == 3
+    assert sched.host_bytes_used == 0 and with_kv.host_kv is None
     without = sched.import_state(SequenceState(9, [1, 2], [3], params, 5), request_id=42, now_s=1.0)
     assert without.status is SequenceStatus.SUSPENDED and without.num_computed_tokens == 0
 
-    imported_kv = with_kv.host_kv
-    out = sched.schedule()  # all three fit: the swap-in restores the imported KV, the rest recompute
-    assert out.swap_in == [(with_kv, imported_kv)]
-    assert sched.host_bytes_used == 0 and with_kv.host_kv is None
+    out = sched.schedule()  # the swap-in restores the imported KV, the rest recompute
+    assert [(seq, kv.shape) for seq, kv in out.swap_in] == [(with_kv, (3, 8))]
+    assert sched.host_bytes_used == 0
     assert {s.request_id for s in out.seqs} == {40, 41, 42}
     assert sched.stats.num_resumed_swap == 1 and sched.stats.num_resumed_recompute == 1
 

@@ -79,6 +79,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.suspended: list[Sequence] = []
         self.running: list[Sequence] = []
+        self._imported_kv: list[tuple[Sequence, Any]] = []  # admitted on import: KV restored next step
         self.stats = SchedulerStats()
 
     # -- queues ---------------------------------------------------------------------------------
@@ -118,7 +119,8 @@ class Scheduler:
         finished = self._poll_grammars()
         swap_out: list[tuple[Sequence, list[int]]] = []
         self._extend(swap_out)
-        swap_in = self._refill()
+        swap_in = self._imported_kv + self._refill()
+        self._imported_kv = []
         while not self.running and not finished and self.grammars.compiling:
             self.grammars.wait_any()  # nothing can run until a grammar compiles
             finished = self._poll_grammars()
@@ -296,6 +298,7 @@ class Scheduler:
         """Remove a queued or running sequence from its queue, freeing its pages and host KV."""
         self.grammars.discard(seq)
         if seq.status is S.RUNNING:
+            self._imported_kv = [(s, kv) for s, kv in self._imported_kv if s is not seq]
             self.running.remove(seq)
             self.kv.free(seq)
         elif seq in self.suspended:
@@ -324,8 +327,9 @@ class Scheduler:
         """MIGRATE in: continue a sequence exported by another engine, as request ``request_id``.
 
         One that has generated nothing waits like a new request; one mid-generation resumes like
-        a suspended one, through the swap-in path when ``state.kv`` holds its KV and the host
-        pool (``swap_space_bytes``) has room for it until restored, else by recompute.
+        a suspended one, through the swap-in path when ``state.kv`` holds its KV: at once, into
+        pages it gets now, when a running slot and the pages are free; else held in the host pool
+        until it resumes, if ``swap_space_bytes`` has room; else by recompute.
         """
         seq = Sequence.from_state(state, request_id, now_s)
         if not seq.output_token_ids:
@@ -335,11 +339,28 @@ class Scheduler:
         if seq.status is S.WAITING:
             seq.transition(S.SUSPENDED)
         kv_tokens = 0 if state.kv is None else int(state.kv.shape[0])
-        if 0 < kv_tokens < seq.num_tokens and self.host.reserve(kv_tokens):
-            seq.host_kv = state.kv
+        if 0 < kv_tokens < seq.num_tokens:
             seq.num_computed_tokens = kv_tokens
+            if self._admit_imported(seq, state.kv):
+                return seq
+            if self.host.reserve(kv_tokens):
+                seq.host_kv = state.kv
+            else:
+                seq.num_computed_tokens = 0  # no room for its KV anywhere: recomputed on resume
         self.suspended.append(seq)
         return seq
+
+    def _admit_imported(self, seq: Sequence, kv: Any) -> bool:
+        """Give an imported sequence with shipped KV pages now, if a slot and its pages are
+        free: the next step restores the KV into them (no host holding). One still waiting for
+        its grammar, or with no room, waits as suspended."""
+        if seq.status is not S.SUSPENDED or len(self.running) >= self.config.max_num_seqs:
+            return False
+        if not self._admit(seq, []):
+            return False
+        self._imported_kv.append((seq, kv))
+        self.stats.num_resumed_swap += 1
+        return True
 
     def abort(self, seq: Sequence, reason: str, now_s: float) -> None:
         """Finish a queued or running sequence with an error, freeing what it holds."""
