@@ -18,15 +18,17 @@ NOTE: how one actor takes part.
     step times, what a move costs).
   * If the coordinator cannot be reached, the owner runs its batch on its own engine: the job
     completes without rebalancing rather than losing rows.
-  * At the tail (nothing pending), the pool asks a worker to give sequences back only when the
-    move planner (``batchgen_data/distributed/move_planner.py``) finds that moving them cuts the
-    later finish time of giver and receivers by its margin, net of the move's cost (PARTITION
-    of the straggler set). Its engine exports unstarted ones first, then the ones with the most
-    tokens left that are worth moving (``batchgen_data/engine/migration/costs.py``: ``pick_to_move``,
-    ``MigrationCosts``), with their KV when shipping it beats recomputing; the state travels
-    through the coordinator as pickled bytes, and the receiver leases and continues it
+  * At the tail (nothing pending), the pool names the sequences a worker should give back, by
+    the engine's one move rule (``batchgen_data/engine/migration/planner.py``: the moves must pay
+    for themselves, net of their cost), each with whether its KV travels (PARTITION of the
+    straggler set). Its engine exports exactly those (``AsyncEngine.migrate_out``); the state
+    travels through the coordinator as pickled bytes, and the receiver leases and continues it
     (MIGRATE). A given-back item is an ordinary pending item with a state attached, so leases,
     expiry and first-result-wins cover it unchanged.
+  * Each call submits its rows under a key of its own, so two equal batches (unseeded sampled
+    rows) get their own samples; a call that ends without its results (cancelled, failed) tells
+    the pool to drop the batch, and the pool drops the batches of an owner it no longer hears
+    from: nothing waits in it for a caller that is gone.
   * Ray Data shuts an actor down once it has no call in flight and no input is left, so an actor
     leases only while one of its own calls is open, and its last open call stays open while the
     stage still has outstanding work (which may come to it at the tail) and until the items it
@@ -40,13 +42,12 @@ NOTE: how one actor takes part.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import math
 import pickle
 import time
 import uuid
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 
 from batchgen_data.operators.restart import exit_for_restart
 from batchgen_data.operators.rows import RowResult
@@ -58,9 +59,10 @@ from batchgen_data.distributed.coordinator import (
     coordinator_name,
     get_or_create_coordinator,
 )
-from batchgen_data.distributed.move_planner import WorkerProgress
 from batchgen_data.engine.migration.costs import MigrationCosts
+from batchgen_data.engine.migration.planner import Move, WorkerProgress
 from batchgen_data.engine.async_engine import AsyncEngine, MigratedOut
+from batchgen_data.engine.migration.engine_probe import EngineProbe
 from batchgen_data.engine.sampling_params import SamplingParams
 from batchgen_data.errors import EngineDeadError
 
@@ -137,7 +139,8 @@ class RebalanceClient:
         self._num_submitted = 0  # items handed to the engine so far (leased and started)
         self._call_s = 0.005  # lease round trip, moving average (measured)
         self._step_s_hint = 0.05  # the engine's step at its current running set (measured)
-        engine.report_progress = True
+        self._kv_s_per_token = MigrationCosts.of_engine(engine.engine).transfer_s(1)  # KV shipped per token
+        self.probe = EngineProbe.attach(engine)  # its engine's load, published by the engine thread
 
     def _handle(self):
         if self._coordinator is None:
@@ -145,11 +148,15 @@ class RebalanceClient:
         return self._coordinator
 
     async def run_batch(self, prompts: list, params: list[SamplingParams]) -> list[RowResult] | None:
-        """Results for the batch through the pool; None if the coordinator is unavailable."""
+        """Results for the batch through the pool; None if the pool cannot give them (the
+        coordinator is unavailable, or it dropped the batch): the caller runs it locally."""
         self._ensure_loop()
         rows = [(p, sp.to_dict()) for p, sp in zip(prompts, params)]
-        batch_key = hashlib.sha1(pickle.dumps(rows)).hexdigest()
+        # A key of this call's own: equal rows in another call (a copy of the batch, or a retry)
+        # are another batch, and unseeded sampled rows get their own samples.
+        batch_key = f"{self.worker_id}/{uuid.uuid4().hex}"
         self._open_calls += 1
+        results = None
         try:
             coordinator = self._handle()
             await coordinator.submit.remote(batch_key, self.worker_id, rows)
@@ -157,13 +164,24 @@ class RebalanceClient:
         except Exception as err:  # the coordinator died or is unreachable: run locally
             logger.warning("work pool unavailable (%s); running this batch without rebalancing", err)
             self._coordinator_ok = False
-            self.stats.num_fallback_batches += 1
-            return None
         finally:
+            if results is None:  # cancelled, failed or dropped: nobody will take its results
+                self._forget_batch(batch_key)
             if self._open_calls == 1:
                 await self._drain_leased_items()
             self._open_calls -= 1
+        if results is None:
+            self.stats.num_fallback_batches += 1
+            return None
         return [RowResult(**r) for r in results]
+
+    def _forget_batch(self, batch_key: str) -> None:
+        """Tell the pool to drop a batch this actor no longer waits for (not awaited: a
+        cancelled call cannot wait, and the owner-silence rule covers a lost message)."""
+        try:
+            self._handle().forget_batch.remote(batch_key)
+        except Exception as err:
+            logger.warning("could not tell the work pool to drop a batch: %s", err)
 
     async def _drain_leased_items(self) -> None:
         """Hold the actor's last open call while it runs pool items or the stage still has
@@ -222,7 +240,7 @@ class RebalanceClient:
             self.stats.num_leased += len(reply.items)
             if reply.give_back:
                 started = time.monotonic()
-                moved = await self._migrate_out(reply.give_back)
+                moved = await self._migrate_out(reply.give_back)  # exactly the planned sequences
                 self.stats.num_given_back += moved
                 self.stats.migrate_out_s += time.monotonic() - started
                 self._event("give_back", time.monotonic() - started, moved)
@@ -234,14 +252,15 @@ class RebalanceClient:
 
     def _progress(self) -> WorkerProgress:
         """This actor's load report: its engine's sequences, step times and move costs."""
-        snapshot = self.engine.core.progress
+        snapshot = self.probe.snapshot  # one engine step's view, replaced whole (never torn)
+        progress = snapshot.progress
         return WorkerProgress(
-            slots=self.engine.engine.max_running_seqs, seqs=snapshot.seqs, step=replace(self.engine.engine.step_sums),
-            move_s_per_token=self.engine.move_s_per_token,
+            slots=self.engine.engine.max_running_seqs, seqs=progress.seqs, step=snapshot.step,
+            move_s_per_token=snapshot.move_s_per_token, kv_s_per_token=self._kv_s_per_token,
             # A give-back and the receiver's lease (two round trips), its poll, and the step the
             # export waits for.
             move_latency_s=2 * self._call_s + _IDLE_POLL_S + self._step_s_hint,
-            num_incoming=max(0, self._num_submitted - snapshot.num_accepted))
+            num_incoming=max(0, self._num_submitted - progress.num_accepted))
 
     def _step_s(self, progress: WorkerProgress) -> float:
         model = progress.step.fit()
@@ -290,9 +309,9 @@ class RebalanceClient:
             pass
         self._slot_freed.clear()
 
-    async def _migrate_out(self, count: int) -> int:
+    async def _migrate_out(self, moves: list[Move]) -> int:
         try:
-            return await self.engine.migrate_out(count, MigrationCosts.of_engine)
+            return await self.engine.migrate_out(moves)
         except EngineDeadError:
             exit_for_restart()
 

@@ -15,8 +15,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from batchgen_data.distributed.move_planner import WorkerProgress
 from batchgen_data.distributed.work_pool import WorkPool
+from batchgen_data.engine.migration.planner import Move, WorkerProgress
 
 NAMESPACE = "batchgen"
 
@@ -34,7 +34,7 @@ class LeasedItem:
 @dataclass(slots=True)
 class LeaseReply:
     items: list[LeasedItem] = field(default_factory=list)
-    give_back: int = 0  # PARTITION: sequences this worker should hand on (``plan_moves``)
+    give_back: list[Move] = field(default_factory=list)  # PARTITION: export exactly these (``plan_moves``)
     num_outstanding: int = 0  # pending plus leased items of the whole stage
 
 
@@ -62,28 +62,45 @@ class Coordinator:
 
     async def submit(self, batch_key: str, owner: str, rows: list[tuple[Any, dict]]) -> None:
         self._touch()
-        self.pool.submit(batch_key, owner, rows)
+        self.pool.submit(batch_key, owner, rows, time.monotonic())
         self._done_events.setdefault(batch_key, asyncio.Event())
         if self.pool.batch_done(batch_key):
             self._done_events[batch_key].set()
 
-    async def wait_batch(self, batch_key: str) -> list[Any]:
+    async def wait_batch(self, batch_key: str) -> list[Any] | None:
+        """The batch's results once all are in; None if the pool dropped it (its owner was taken
+        for dead, or the caller gave up): the owner then runs it on its own engine."""
         self._touch()
         event = self._done_events.setdefault(batch_key, asyncio.Event())
-        await event.wait()
-        results = self.pool.take_batch(batch_key)
-        if batch_key not in self.pool.batches:
+        if self.pool.batch_done(batch_key):  # all in already, or dropped before this call
+            event.set()
+        try:
+            await event.wait()
+            return self.pool.take_batch(batch_key)
+        finally:
             self._done_events.pop(batch_key, None)
+            self._touch()
+
+    async def forget_batch(self, batch_key: str) -> None:
+        """The caller gave up on the batch (cancelled, or failed): drop its items and results."""
         self._touch()
-        return results
+        self.pool.forget_batch(batch_key)
+        self._wake(batch_key)
+
+    def _wake(self, batch_key: str) -> None:
+        event = self._done_events.get(batch_key)
+        if event is not None:
+            event.set()
 
     async def lease(self, worker: str, max_items: int, progress: WorkerProgress | None = None) -> LeaseReply:
         self._touch()
         now = time.monotonic()
+        for batch_key in self.pool.drop_orphaned_batches(now):
+            self._wake(batch_key)
         items = self.pool.lease(worker, max_items, now, progress)
         return LeaseReply(
             items=[LeasedItem(i.item_id, i.prompt, i.params, i.owner, i.state, i.movable) for i in items],
-            give_back=self.pool.partition_share(worker, now),
+            give_back=self.pool.plan_give_back(worker, now),
             num_outstanding=self.pool.num_outstanding,
         )
 
@@ -95,8 +112,8 @@ class Coordinator:
         self._touch()
         recorded = self.pool.complete(worker, item_id, result, num_generated)
         batch_key = item_id.rsplit("/", 1)[0]
-        if recorded and self.pool.batch_done(batch_key) and batch_key in self._done_events:
-            self._done_events[batch_key].set()
+        if recorded and self.pool.batch_done(batch_key):
+            self._wake(batch_key)
         return recorded
 
     async def release(self, worker: str, item_ids: list[str]) -> None:
@@ -108,7 +125,10 @@ class Coordinator:
         self.pool.heartbeat(worker, time.monotonic())
 
     async def counters(self) -> dict:
-        return asdict(self.pool.counters)
+        """The pool's counters, and what it holds now (batches, items, results)."""
+        pool = self.pool
+        return {**asdict(pool.counters), "num_batches_held": len(pool.batches), "num_items_held": len(pool.items),
+                "num_results_held": len(pool.results)}
 
 
 def coordinator_name(job_id: str, stage_key: str) -> str:

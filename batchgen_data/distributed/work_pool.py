@@ -5,12 +5,17 @@ engine leases items to keep its running set full and completes them; an owner co
 batch's results and emits the rows. Exactly-once output follows from three rules:
 
 1. Only the owner emits a row, once, from the results of its own batch call; Ray Data keeps the
-   output of one successful call per batch (a retried call's owner resubmits the same batch key
-   and gets the finished results, or waits for the rest).
+   output of one successful call per batch. Every call submits its rows under a key of its own
+   (two equal batches are two batches: unseeded sampled rows get their own samples), and a
+   retried call is a new batch.
 2. A result is recorded once per item (the first completion wins); a late duplicate, from a lease
    that expired while its worker was merely slow, is dropped.
 3. A lease ends with a result, with a release, or with the worker's death or lease expiry, and
    then the item goes back to ``pending``: no leased item is ever lost.
+
+A batch lives until its owner takes its results, and no longer than its waiter: a batch whose
+caller gave up (``forget_batch``) or whose owner died or fell silent for a lease timeout
+(``drop_orphaned_batches``) leaves the pool with its items and results.
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchgen_data.distributed.move_planner import OutputLengths, WorkerProgress, plan_moves
-from batchgen_data.engine.sampling_params import SamplingParams
+from batchgen_data.distributed.work_item import WorkItem, prefix_key
+from batchgen_data.engine.migration.lengths import OutputLengths
+from batchgen_data.engine.migration.planner import Move, WorkerProgress, plan_moves
 from batchgen_data.engine.migration.step_model import StepSums
 
 # A worker that asked for work this recently counts as active when sharing out pending items.
@@ -31,54 +37,15 @@ _ACTIVE_WINDOW_S = 1.0
 _PARTITION_COOLDOWN_S = 1.0
 # How long a given-back sequence is kept from the worker that gave it back.
 _GIVEN_BACK_RESERVE_S = 1.0
-# A sequence moves at most this many times: with the cooldown and the empty-slots rule this
-# bounds ping-pong, and leaves the late stragglers (the most moved) still movable at the tail.
-_MAX_MOVES = 4
-# Cache affinity: an item's prefix key is the head of its prompt (characters of a text prompt,
-# token ids, the first chat message); each worker remembers the keys of the items it leased
-# most recently, as a stand-in for the prefixes its engine's cache holds.
-_PREFIX_KEY_CHARS = 256
-_PREFIX_KEY_TOKENS = 64
+# Cache affinity: each worker remembers the prefix keys (``work_item.prefix_key``) of the items
+# it leased most recently, as a stand-in for the prefixes its engine's cache holds.
 _PREFIXES_PER_WORKER = 64
 
 
-def prefix_key(prompt: Any) -> Any:
-    """What rows sharing a prompt prefix (one instruction template) have in common: the first
-    characters of a text prompt, the first token ids, or the first chat message; None otherwise."""
-    if isinstance(prompt, str):
-        return prompt[:_PREFIX_KEY_CHARS]
-    prompt = getattr(prompt, "messages", prompt)  # a ChatPrompt: its messages
-    if isinstance(prompt, (list, tuple)) and prompt:
-        first = prompt[0]
-        if isinstance(first, dict):
-            return ("messages", str(first.get("role")), str(first.get("content"))[:_PREFIX_KEY_CHARS])
-        if all(isinstance(t, int) for t in prompt[:_PREFIX_KEY_TOKENS]):
-            return tuple(prompt[:_PREFIX_KEY_TOKENS])
-    return None
-
-
 @dataclass(slots=True)
-class WorkItem:
-    item_id: str  # "<batch key>/<row index>"
-    batch_key: str
+class _Batch:
     owner: str
-    prompt: Any
-    params: dict  # SamplingParams fields, plain data
-    attempts: int = 0
-    state: Any = None  # a started sequence given back mid-generation (MIGRATE), opaque here
-    num_generated: int = 0  # tokens the given-back state already holds
-    num_moves: int = 0
-    not_for: str | None = None  # the worker that gave it back does not lease it again ...
-    not_for_until: float = 0.0  # ... for a while (then anyone may: no item waits on a gone worker)
-    prefix: Any = None  # ``prefix_key(prompt)``: cache affinity
-
-    @property
-    def movable(self) -> bool:
-        return self.num_moves < _MAX_MOVES
-
-    @property
-    def max_tokens(self) -> int:
-        return int(self.params.get("max_tokens") or SamplingParams.defaults()["max_tokens"])
+    item_ids: list[str]
 
 
 @dataclass(slots=True)
@@ -100,9 +67,10 @@ class PoolCounters:
     num_moved: int = 0  # completed by a worker other than the owner
     num_requeued: int = 0  # leases returned after a worker death or expiry (work redone)
     num_duplicates_dropped: int = 0
-    num_migrated: int = 0  # started sequences given back at the tail and continued elsewhere
-    num_moves_planned: int = 0  # tail plans that asked a worker to give sequences back
+    num_migrated: int = 0  # sequences given back at the tail, to be continued elsewhere
+    num_moves_planned: int = 0  # sequences the tail plans named (each one is given back)
     num_moves_declined: int = 0  # tail plans whose estimated gain missed the margin (nothing moved)
+    num_batches_dropped: int = 0  # batches whose waiter was gone (caller gave up, owner dead)
     leased_by_worker: dict = field(default_factory=dict)
 
 
@@ -113,9 +81,9 @@ class WorkPool:
         self.pending: deque[str] = deque()
         self.leases: dict[str, _Lease] = {}
         self.results: dict[str, Any] = {}
-        self.batches: dict[str, list[str]] = {}
-        self.batch_waiters: dict[str, int] = {}
+        self.batches: dict[str, _Batch] = {}
         self.last_seen: dict[str, float] = {}  # worker -> last lease call (who is active)
+        self.last_heard: dict[str, float] = {}  # worker -> last call of any kind (who is alive)
         self.loads: dict[str, _Load] = {}
         self.last_gave: dict[str, float] = {}
         self.prefixes: dict[str, OrderedDict] = {}  # worker -> prefix keys it leased lately
@@ -124,9 +92,10 @@ class WorkPool:
 
     # -- owners ---------------------------------------------------------------------------------
 
-    def submit(self, batch_key: str, owner: str, rows: list[tuple[Any, dict]]) -> None:
-        """Add a batch's rows; a batch key seen before (a retry, or identical rows) adds nothing."""
-        self.batch_waiters[batch_key] = self.batch_waiters.get(batch_key, 0) + 1
+    def submit(self, batch_key: str, owner: str, rows: list[tuple[Any, dict]], now: float = 0.0) -> None:
+        """Add a batch's rows under ``batch_key`` (one per owner call: equal rows of another call
+        are another batch); the same key again adds nothing."""
+        self.last_heard[owner] = max(now, self.last_heard.get(owner, now))
         if batch_key in self.batches:
             return
         ids = []
@@ -135,22 +104,45 @@ class WorkPool:
             self.items[item_id] = WorkItem(item_id, batch_key, owner, prompt, params, prefix=prefix_key(prompt))
             self.pending.append(item_id)
             ids.append(item_id)
-        self.batches[batch_key] = ids
+        self.batches[batch_key] = _Batch(owner, ids)
         self.counters.num_submitted += len(ids)
 
     def batch_done(self, batch_key: str) -> bool:
-        return all(i in self.results for i in self.batches.get(batch_key, ()))
+        """All its results are in, or it is gone (``take_batch`` then says None)."""
+        batch = self.batches.get(batch_key)
+        return batch is None or all(i in self.results for i in batch.item_ids)
 
-    def take_batch(self, batch_key: str) -> list[Any]:
-        """The batch's results in row order; forgotten once its last waiter has them."""
-        results = [self.results[i] for i in self.batches[batch_key]]
-        self.batch_waiters[batch_key] -= 1
-        if self.batch_waiters[batch_key] <= 0:
-            for item_id in self.batches.pop(batch_key):
-                self.results.pop(item_id, None)
-                self.items.pop(item_id, None)
-            del self.batch_waiters[batch_key]
+    def take_batch(self, batch_key: str) -> list[Any] | None:
+        """The batch's results in row order, and the batch forgotten; None if it was dropped."""
+        batch = self.batches.get(batch_key)
+        if batch is None:
+            return None
+        results = [self.results[i] for i in batch.item_ids]
+        self._forget(batch_key)
         return results
+
+    def forget_batch(self, batch_key: str) -> None:
+        """Drop a batch whose caller gave up waiting: its items and results leave the pool."""
+        if batch_key in self.batches:
+            self._forget(batch_key)
+            self.counters.num_batches_dropped += 1
+
+    def drop_orphaned_batches(self, now: float) -> list[str]:
+        """Drop the batches of owners not heard from for a lease timeout (dead: nobody will take
+        their results; Ray Data retries such a call as a new batch). Returns their keys."""
+        orphaned = [key for key, batch in self.batches.items()
+                    if now - self.last_heard.get(batch.owner, now) > self.lease_timeout_s]
+        for key in orphaned:
+            self.forget_batch(key)
+        return orphaned
+
+    def _forget(self, batch_key: str) -> None:
+        for item_id in self.batches.pop(batch_key).item_ids:
+            self.results.pop(item_id, None)
+            self.items.pop(item_id, None)
+            self.leases.pop(item_id, None)  # a late result for it is dropped (``complete``)
+            if item_id in self.pending:
+                self.pending.remove(item_id)
 
     # -- workers --------------------------------------------------------------------------------
 
@@ -173,7 +165,7 @@ class WorkPool:
         ``partition_share``.
         """
         self.expire(now)
-        self.last_seen[worker] = now
+        self.last_seen[worker] = self.last_heard[worker] = now
         if progress is not None:
             self.loads[worker] = _Load(progress, now)
         taken: list[WorkItem] = []
@@ -217,31 +209,30 @@ class WorkPool:
         self.counters.leased_by_worker[worker] = self.counters.leased_by_worker.get(worker, 0) + len(taken)
         return taken
 
-    def partition_share(self, worker: str, now: float) -> int:
-        """PARTITION at the tail: how many of its sequences ``worker`` should give back.
+    def plan_give_back(self, worker: str, now: float) -> list[Move]:
+        """PARTITION at the tail: which of its sequences ``worker`` should give back.
 
         Only once nothing is pending (idle actors take unstarted work first), not within the
-        cooldown after its last give-back, and only as many as ``plan_moves`` finds worth it:
-        the workers' reported sequences, the stage's pooled step times and the learned output
-        lengths must show the later finish time of giver and receivers dropping by more than
-        the planner's margin, net of the moves' cost. Otherwise nothing moves.
+        cooldown after its last give-back, and only those ``plan_moves`` names: the workers'
+        reported sequences, the stage's pooled step times and the learned output lengths must
+        show the moves paying for themselves (``engine/migration/planner.py``). The worker
+        exports exactly these, so ``num_moves_planned`` counts sequences that are given back.
         """
         me = self.loads.get(worker)
         if self.pending or me is None or now - self.last_gave.get(worker, -1e9) < _PARTITION_COOLDOWN_S:
-            return 0
+            return []
         active = {w: load.progress for w, load in self.loads.items() if now - load.seen <= _ACTIVE_WINDOW_S}
         receivers = [p for w, p in active.items() if w != worker and p.free_slots > 0]
         if not receivers or not any(s.movable for s in me.progress.seqs):
-            return 0
+            return []
         pooled = StepSums()
         for progress in active.values():
             pooled = pooled.merged(progress.step)
         plan = plan_moves(me.progress, receivers, self.lengths, pooled.fit())
-        if plan.count:
-            self.counters.num_moves_planned += 1
-        elif plan.gain_s > 0:
+        self.counters.num_moves_planned += plan.count
+        if not plan.count and plan.missed_s > 0:
             self.counters.num_moves_declined += 1
-        return plan.count
+        return list(plan.moves)
 
     def give_back(self, worker: str, item_id: str, state: Any, num_generated: int, now: float) -> bool:
         """End a lease with the sequence's exported state: the item is pending again, to be
@@ -265,6 +256,7 @@ class WorkPool:
         return item.not_for == worker and now < item.not_for_until
 
     def heartbeat(self, worker: str, now: float) -> None:
+        self.last_heard[worker] = now
         for lease in self.leases.values():
             if lease.worker == worker:
                 lease.deadline = now + self.lease_timeout_s
@@ -295,7 +287,10 @@ class WorkPool:
                 self.pending.appendleft(item_id)
 
     def worker_died(self, worker: str) -> int:
+        """Its leases go back to pending, and its own batches leave (nobody will take them)."""
         self.loads.pop(worker, None)
+        for key in [key for key, batch in self.batches.items() if batch.owner == worker]:
+            self.forget_batch(key)
         lost = [i for i, lease in self.leases.items() if lease.worker == worker]
         for item_id in lost:
             del self.leases[item_id]

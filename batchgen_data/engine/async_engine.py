@@ -4,6 +4,13 @@ Several Ray Data batches in flight in one actor (or any asyncio code) call ``gen
 ``generate_stream`` concurrently; their requests join the same running set, so the engine's
 batch stays full across caller boundaries. The engine itself runs on one background thread,
 which is the only thread that touches it.
+
+NOTE: the engine thread's loop. Take everything queued (submissions become live request
+handles, ``LiveRequest``; commands run between two steps), run one step if anything is
+unfinished and deliver the outputs of the requests that finished, then call every step listener
+(``add_step_listener``) with the step's ``StepReport`` (``None`` when no step ran) and the live
+requests. Rebalancing reads the engine through such a listener
+(``migration/engine_probe.py``), never from the asyncio thread.
 """
 
 from __future__ import annotations
@@ -12,21 +19,21 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
+from batchgen_data.engine.core.sequence import EXPORTABLE, SequenceState
 from batchgen_data.engine.engine import Engine
-from batchgen_data.engine.migration.costs import MigrationCosts, MovePolicy, pick_to_move
-from batchgen_data.engine.core.progress import EngineProgress, SeqProgress
+from batchgen_data.engine.migration.planner import Move
 from batchgen_data.engine.outputs import GenerationOutput
+from batchgen_data.engine.request_handle import RequestHandle
 from batchgen_data.engine.requests import pair_requests
 from batchgen_data.engine.sampling_params import SamplingParams
-from batchgen_data.engine.core.sequence import EXPORTABLE, Sequence, SequenceState, SequenceStatus
+from batchgen_data.engine.step_report import StepReport
 from batchgen_data.errors import EngineDeadError
 
 logger = logging.getLogger(__name__)
-
-_COSTS_EVERY_STEPS = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,10 +53,18 @@ class _Submission:
 
 
 @dataclass(slots=True)
-class _Live:
-    seq: Sequence
+class LiveRequest:
+    """One accepted, unfinished request of an ``AsyncEngine`` (what step listeners see)."""
+
+    handle: RequestHandle
     deliver: Callable
-    movable: bool
+    movable: bool  # ``migrate_out`` may take it away (its caller accepts a MigratedOut)
+
+
+# Called on the engine thread after every loop turn: the ``AsyncEngine``, the step's report
+# (``None``: no step ran, only submissions were accepted), and the live requests by request id
+# (a read-only view; do not keep it past the call).
+StepListener = Callable[["AsyncEngine", StepReport | None, Mapping[int, LiveRequest]], None]
 
 
 @dataclass(slots=True)
@@ -81,16 +96,28 @@ class AsyncEngine:
         self._lock = threading.Lock()
         self._error: BaseException | None = None
         self._closed = False
-        self._live: dict[int, _Live] = {}  # engine thread only
-        # Published by the engine thread after every step while ``report_progress`` is on (read
-        # by the rebalancer's lease loop): its sequences, running ones first, with the count of
-        # submissions accepted so far (one consistent snapshot), and what moving one computed
-        # token costs (``MigrationCosts``, refreshed every few steps).
-        self.report_progress = False
-        self.progress = EngineProgress()
+        self._live: dict[int, LiveRequest] = {}  # engine thread only
+        self._live_view = MappingProxyType(self._live)
+        self._listeners: tuple[StepListener, ...] = ()
         self._num_accepted = 0
-        self.move_s_per_token = 0.0
-        self._steps_since_costs = _COSTS_EVERY_STEPS
+
+    def add_step_listener(self, listener: StepListener) -> None:
+        """Call ``listener(self, report, live)`` on the engine thread after every step (and after
+        accepting submissions when no step ran, with ``report`` None), so it sees the accepted
+        counts. It must be quick and must not call into the engine's asyncio API.
+
+        Example:
+            >>> from batchgen_data import Engine
+            >>> aengine = AsyncEngine(Engine("demo"))
+            >>> aengine.add_step_listener(lambda engine, report, live: None)
+            >>> aengine.shutdown()
+        """
+        self._listeners = (*self._listeners, listener)  # one assignment: the engine thread iterates it
+
+    @property
+    def num_accepted(self) -> int:
+        """Submissions the engine thread has accepted so far (read it from a step listener)."""
+        return self._num_accepted
 
     @property
     def is_dead(self) -> bool:
@@ -118,15 +145,13 @@ class AsyncEngine:
         ``movable``, a ``MigratedOut`` when ``migrate_out`` took it away to run elsewhere."""
         return await self._round_trip(lambda deliver: _Submission(prompt, params, deliver, state, movable))
 
-    async def migrate_out(self, max_seqs: int, policy: Callable[[Engine], MovePolicy]) -> int:
-        """MIGRATE out up to ``max_seqs`` movable sequences (``pick_to_move``: unstarted ones
-        first, then those with the most tokens left among those the policy finds worth moving);
-        each one's caller gets a
-        ``MigratedOut`` with its state (KV included where the policy says so). ``policy`` is
-        built from the engine between two steps, on the engine thread. Returns how many were
-        taken out."""
-        export = lambda: self._export_stragglers(max_seqs, policy(self.engine))  # noqa: E731
-        return await self._round_trip(lambda deliver: _Command(export, deliver))
+    async def migrate_out(self, moves: Iterable[Move]) -> int:
+        """MIGRATE out exactly the sequences a plan names (``migration/planner.py``); each one's
+        caller gets a ``MigratedOut`` with its state, its KV included where its ``Move`` says.
+        A named request that is no longer here (it finished since the plan) or is not movable
+        stays. Returns how many were taken out."""
+        chosen = {move.request_id: move.send_kv for move in moves}
+        return await self._round_trip(lambda deliver: _Command(lambda: self._export_stragglers(chosen), deliver))
 
     async def _round_trip(self, make_item: Callable[[Callable[[object], None]], _Submission | _Command]):
         """Queue one item for the engine thread and await what it delivers."""
@@ -139,13 +164,18 @@ class AsyncEngine:
             raise EngineDeadError(f"engine failed: {result!r}") from result
         return result
 
-    def _export_stragglers(self, max_seqs: int, costs: MovePolicy) -> int:
-        movable = [live.seq for live in self._live.values() if live.movable and live.seq.status in EXPORTABLE]
-        chosen = pick_to_move(movable, max_seqs, costs)
-        for seq in chosen:
-            state = self.engine.export_sequence(seq, with_kv=costs.send_kv(seq.num_computed_tokens))
-            self._live.pop(seq.request_id).deliver(MigratedOut(state))
-        return len(chosen)
+    def _export_stragglers(self, chosen: Mapping[int, bool]) -> int:
+        """Export the live movable requests among ``chosen`` (request id -> ship its KV)."""
+        num_moved = 0
+        for request_id, send_kv in chosen.items():
+            live = self._live.get(request_id)
+            if live is None or not live.movable or live.handle.status not in EXPORTABLE:
+                continue
+            state = self.engine.export_sequence(live.handle, with_kv=send_kv)
+            del self._live[request_id]
+            live.deliver(MigratedOut(state))
+            num_moved += 1
+        return num_moved
 
     async def _submit(self, prompts, sampling_params) -> AsyncIterator[tuple[int, GenerationOutput]]:
         prompts, params = pair_requests(prompts, sampling_params)
@@ -191,14 +221,15 @@ class AsyncEngine:
                         item = self._inbox.get_nowait()
                 except queue.Empty:
                     pass
+                report = None
                 if self.engine.has_unfinished_requests():
-                    for seq in self.engine.step():
-                        entry = live.pop(seq.request_id, None)
+                    for handle in self.engine.step():
+                        entry = live.pop(handle.request_id, None)
                         if entry is not None:
-                            entry.deliver(self.engine.to_output(seq))
-                    self._steps_since_costs += 1
-                if self.report_progress:
-                    self._publish_progress()
+                            entry.deliver(handle.output)
+                    report = self.engine.last_report
+                for listener in self._listeners:
+                    listener(self, report, self._live_view)
         except BaseException as err:  # the engine is unusable: fail every waiter loudly
             logger.exception("batchgen engine thread failed")
             self._error = err
@@ -212,28 +243,16 @@ class AsyncEngine:
                 if item is not None:
                     item.deliver(err)
 
-    def _publish_progress(self) -> None:
-        seqs = [SeqProgress(seq.num_generated, seq.params.max_tokens, seq.num_tokens,
-                            seq.status is not SequenceStatus.WAITING, entry.movable,
-                            seq.status is SequenceStatus.RUNNING)
-                for entry in self._live.values() if (seq := entry.seq).status in EXPORTABLE]
-        # Running ones first, then suspended, then waiting: the order they would run in.
-        self.progress = EngineProgress(tuple(sorted(seqs, key=lambda p: (not p.running, not p.started))),
-                                       self._num_accepted)
-        if self._steps_since_costs >= _COSTS_EVERY_STEPS:
-            self._steps_since_costs = 0
-            self.move_s_per_token = MigrationCosts.of_engine(self.engine).move_s_per_token()
-
     def _accept(self, item: _Submission) -> None:
         self._num_accepted += 1
         if item.state is not None:
-            seq = self.engine.import_sequence(item.state)
+            handle = self.engine.import_sequence(item.state)
         else:
-            seq = self.engine.add_request(item.prompt, item.params)
-        if seq.status is SequenceStatus.FINISHED:
-            item.deliver(self.engine.to_output(seq))
+            handle = self.engine.add_request(item.prompt, item.params)
+        if handle.is_finished:
+            item.deliver(handle.output)
         else:
-            self._live[seq.request_id] = _Live(seq, item.deliver, item.movable)
+            self._live[handle.request_id] = LiveRequest(handle, item.deliver, item.movable)
 
     def shutdown(self, timeout: float | None = 10.0) -> None:
         """Stop the engine thread (after the work it already has in hand)."""

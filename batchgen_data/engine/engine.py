@@ -1,10 +1,15 @@
 """The public entry point: ``Engine(model).generate(prompts, sampling_params)``.
 
-The engine does request bookkeeping once — ids, seeds, tokenizing, validation, outputs, stats
-and the timeline — and hands each valid sequence to its executor, which runs it: in this
-process (``InProcessExecutor``) or over expert-parallel rank processes
-(``ExpertParallelExecutor``, when ``EngineConfig.expert_parallel_size > 1``).
-``step()`` is one executor step (schedule -> execute -> update) plus the timeline record.
+The engine does request bookkeeping once — ids, seeds, tokenizing, validation, request handles,
+outputs, stats and the timeline — and hands each valid request to its executor as a
+``NewRequest``, which runs it: in this process (``InProcessExecutor``) or over expert-parallel
+rank processes (``ExpertParallelExecutor``, when ``EngineConfig.expert_parallel_size > 1``).
+
+NOTE: callers hold ``RequestHandle``s; the scheduler alone holds and writes the request records.
+``step()`` is one executor step (schedule -> execute -> update, on every rank) and then, in the
+engine's own clock: the published ``RequestProgress`` applied to the live handles (a first new
+token is the first-token time), the ``FinishedRequest``s turned into ``GenerationOutput``s on
+their handles, and the step's ``StepReport`` kept (``last_report``) and recorded in the timeline.
 """
 
 from __future__ import annotations
@@ -17,16 +22,20 @@ from collections.abc import Iterator
 from collections.abc import Sequence as SequenceABC
 
 from batchgen_data.config import EngineConfig
-from batchgen_data.engine.core.block_manager import blocks_for
+from batchgen_data.engine.core.kv_manager import blocks_for
 from batchgen_data.engine.executor.base import Executor
 from batchgen_data.engine.executor.expert_parallel import ExpertParallelExecutor
 from batchgen_data.engine.executor.in_process import InProcessExecutor, resolve_max_model_len
-from batchgen_data.engine.outputs import GenerationOutput, RequestTimings
+from batchgen_data.engine.core.progress import RequestProgress
+from batchgen_data.engine.core.request import FinishedRequest, NewRequest
+from batchgen_data.engine.core.sequence import EXPORTABLE, SequenceState, SequenceStatus
+from batchgen_data.engine.output_builder import OutputBuilder
+from batchgen_data.engine.outputs import GenerationOutput
+from batchgen_data.engine.request_handle import RequestHandle
 from batchgen_data.engine.requests import pair_requests
 from batchgen_data.engine.sampling_params import SamplingParams
-from batchgen_data.engine.core.sequence import Sequence, SequenceState, SequenceStatus
 from batchgen_data.engine.stats import EngineStats
-from batchgen_data.engine.migration.step_model import StepSums
+from batchgen_data.engine.step_report import StepReport
 from batchgen_data.engine.timeline import StepTimeline
 from batchgen_data.engine.tokenizer import ChatPrompt, PromptTokenizer
 from batchgen_data.errors import BatchGenError, ConfigError, RequestError
@@ -67,8 +76,9 @@ class Engine:
         self._num_finished = 0
         self._busy_s = 0.0
         self._timeline = StepTimeline(self._now)
-        self.step_sums = StepSums()  # how step time grows with the running set (rebalancing reads it)
-        self._token_texts: dict[int, str] = {}
+        self._handles: dict[int, RequestHandle] = {}  # the unfinished requests' handles
+        self.last_report: StepReport | None = None  # the last step's
+        self._outputs = OutputBuilder(self.tokenizer)
 
     def _make_executor(self, model_config: ModelConfig) -> Executor:
         if self.config.expert_parallel_size > 1:
@@ -78,37 +88,51 @@ class Engine:
 
     # -- requests -------------------------------------------------------------------------------
 
-    def add_request(self, prompt, params: SamplingParams | None = None) -> Sequence:
-        """Queue one request; an invalid one comes back already finished with an error."""
+    def add_request(self, prompt, params: SamplingParams | None = None) -> RequestHandle:
+        """Queue one request and return its handle; an invalid one comes back already finished,
+        its ``output`` an error row.
+
+        Args:
+            prompt: a string, a token-id list or a chat ``messages`` list.
+            params (SamplingParams | None): default ``SamplingParams()``.
+        """
         request_id = self._new_request_id()
         now = self._now()
         params = params if params is not None else SamplingParams()
         seed = params.seed if isinstance(getattr(params, "seed", None), int) else self._rng.getrandbits(63)
-        seq = Sequence(request_id, [], params, seed, arrival_s=now)
+        request = NewRequest(request_id, [], params, seed, arrival_s=now)
         try:
             if not isinstance(params, SamplingParams):
                 raise ConfigError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
             params.verify()
-            seq.prompt_token_ids = self.tokenizer.encode(prompt)
-            self._check_fits(seq)
-        except BatchGenError as err:
-            seq.finish("error", now, error=str(err))  # never reached a scheduler
-            return seq
-        self.executor.add(seq)
-        return seq
+            request.prompt_token_ids = self.tokenizer.encode(prompt)
+            self._check_fits(request)
+        except BatchGenError as err:  # never reaches an executor
+            handle = self._new_handle(request, RequestProgress(
+                request_id, SequenceStatus.WAITING, 0, 0, len(request.prompt_token_ids)))
+            handle.finish(self.to_output(handle, FinishedRequest(request_id, [], "error", str(err)), now))
+            return handle
+        self.executor.add(request)
+        handle = self._handles[request_id] = self._new_handle(request, RequestProgress.of_new(request))
+        return handle
+
+    @staticmethod
+    def _new_handle(request: NewRequest, progress: RequestProgress) -> RequestHandle:
+        return RequestHandle(request.request_id, request.prompt_token_ids, request.params, request.seed,
+                             request.arrival_s, progress)
 
     def _new_request_id(self) -> int:
         request_id, self._next_id = self._next_id, self._next_id + 1
         return request_id
 
-    def _check_fits(self, seq: Sequence) -> None:
-        prompt_len = seq.num_prompt_tokens
+    def _check_fits(self, request: NewRequest) -> None:
+        prompt_len = len(request.prompt_token_ids)
         if prompt_len >= self.max_model_len:
             raise RequestError(
                 f"prompt has {prompt_len} tokens; the context limit is {self.max_model_len} "
                 "(prompt plus at least one generated token)"
             )
-        worst = min(prompt_len + seq.params.max_tokens, self.max_model_len)
+        worst = min(prompt_len + request.params.max_tokens, self.max_model_len)
         block_size, num_blocks = self.executor.block_size, self.executor.num_kv_blocks
         if blocks_for(worst, block_size) > num_blocks:
             raise RequestError(
@@ -135,17 +159,29 @@ class Engine:
         the planned running set when experts stream)."""
         return self.executor.max_running_seqs
 
-    def step(self) -> list[Sequence]:
-        """One forward over the running set; returns the sequences that finished in it."""
+    def step(self) -> list[RequestHandle]:
+        """One forward over the running set (see module NOTE); returns the handles of the requests
+        that finished in it, each with its ``output``."""
         t0 = time.perf_counter()
-        finished = self.executor.step()
+        out = self.executor.step()
         elapsed = time.perf_counter() - t0
         self._busy_s += elapsed
+        now = self._now()
+        handles = self._handles
+        for progress in out.progress:
+            handle = handles.get(progress.request_id)
+            if handle is not None:
+                handle.observe(progress, now)
+        finished = []
+        for done in out.finished:
+            handle = handles.pop(done.request_id, None)
+            if handle is not None:
+                handle.finish(self.to_output(handle, done, now))
+                finished.append(handle)
         self._num_finished += len(finished)
-        fields = self.executor.step_fields()
-        self.step_sums.observe(fields["num_running"], fields["num_tokens"], elapsed)
+        self.last_report = dataclasses.replace(out.report, step_s=elapsed)
         if self.config.collect_timeline:
-            self._timeline.record(elapsed, fields)
+            self._timeline.record(self.last_report)
         return finished
 
     @property
@@ -169,10 +205,10 @@ class Engine:
                 ``SamplingParams()``.
         """
         outputs: dict[int, GenerationOutput] = {}
-        seqs = self._add_all(prompts, sampling_params)
-        for out in self._run(seqs):
+        handles = self._add_all(prompts, sampling_params)
+        for out in self._run(handles):
             outputs[out.request_id] = out
-        return [outputs[s.request_id] for s in seqs]
+        return [outputs[h.request_id] for h in handles]
 
     def chat(self, messages: list, sampling_params=None, chat_template: str | None = None,
              chat_template_kwargs: dict | None = None) -> list[GenerationOutput]:
@@ -187,68 +223,45 @@ class Engine:
         """Yield each prompt's output as soon as it finishes (completion order)."""
         yield from self._run(self._add_all(prompts, sampling_params))
 
-    def _add_all(self, prompts, sampling_params) -> list[Sequence]:
+    def _add_all(self, prompts, sampling_params) -> list[RequestHandle]:
         prompts, params = pair_requests(prompts, sampling_params)
         return [self.add_request(p, sp) for p, sp in zip(prompts, params)]
 
-    def _run(self, seqs: list[Sequence]) -> Iterator[GenerationOutput]:
-        pending = {s.request_id for s in seqs}
-        for seq in seqs:
-            if seq.status is SequenceStatus.FINISHED:
-                pending.discard(seq.request_id)
-                yield self.to_output(seq)
+    def _run(self, handles: list[RequestHandle]) -> Iterator[GenerationOutput]:
+        pending = {h.request_id for h in handles}
+        for handle in handles:
+            if handle.is_finished:
+                pending.discard(handle.request_id)
+                yield handle.output
         while pending:
-            for seq in self.step():
-                if seq.request_id in pending:
-                    pending.discard(seq.request_id)
-                    yield self.to_output(seq)
+            for handle in self.step():
+                if handle.request_id in pending:
+                    pending.discard(handle.request_id)
+                    yield handle.output
 
-    def to_output(self, seq: Sequence) -> GenerationOutput:
-        text = ""
-        if seq.output_token_ids:
-            text = self.tokenizer.decode(seq.output_token_ids, seq.params.skip_special_tokens)
-            if seq.stop_text_len is not None:
-                text = text[: seq.stop_text_len]
-        return GenerationOutput(
-            request_id=seq.request_id,
-            token_ids=list(seq.output_token_ids),
-            text=text,
-            finish_reason=seq.finish_reason or "error",
-            num_input_tokens=seq.num_prompt_tokens,
-            num_generated_tokens=seq.num_generated,
-            error=seq.error,
-            prompt_token_ids=list(seq.prompt_token_ids),
-            num_cached_tokens=seq.num_cached_tokens or 0,
-            logprobs=None if seq.logprobs is None else [e.to_dict(self._decode_token) for e in seq.logprobs],
-            prompt_logprobs=None if seq.prompt_logprobs is None else [
-                None if e is None else e.to_dict(self._decode_token) for e in seq.prompt_logprobs],
-            timings=RequestTimings(
-                queued_s=seq.arrival_s,
-                first_token_s=None if seq.first_token_s is None else seq.first_token_s - seq.arrival_s,
-                finished_s=None if seq.finished_s is None else seq.finished_s - seq.arrival_s,
-            ),
-        )
-
-    def _decode_token(self, token_id: int) -> str:
-        """One token's text (a logprob's ``decoded_token``), cached: a job decodes few distinct ones."""
-        text = self._token_texts.get(token_id)
-        if text is None:
-            text = self._token_texts[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
-        return text
+    def to_output(self, handle: RequestHandle, done: FinishedRequest, now_s: float) -> GenerationOutput:
+        """The ``GenerationOutput`` of a request that finished at ``now_s`` (engine clock)."""
+        return self._outputs.build(handle, done, now_s)
 
     # -- MIGRATE --------------------------------------------------------------------------------
 
-    def export_sequence(self, seq: Sequence, with_kv: bool = False) -> SequenceState:
-        """Take a sequence out of this engine in portable form (MIGRATE).
+    def export_sequence(self, handle: RequestHandle, with_kv: bool = False) -> SequenceState:
+        """Take a request out of this engine in portable form (MIGRATE); its handle says EXPORTED.
 
         A waiting, suspended or running one (between steps). ``with_kv`` carries the KV it has
         computed (read out of the pages, or its host copy when suspended by swapping); without it
         the importing engine recomputes the KV from the tokens.
         """
-        return self.executor.export(seq, with_kv)
+        if handle.status not in EXPORTABLE or handle.request_id not in self._handles:
+            raise BatchGenError("only waiting, suspended or running sequences can be exported, "
+                                f"not {handle.status.name}")
+        state = self.executor.export(handle.request_id, with_kv)
+        del self._handles[handle.request_id]
+        handle.mark_exported()
+        return state
 
-    def import_sequence(self, state: SequenceState, request_id: int | None = None) -> Sequence:
-        """Continue a sequence exported by another engine.
+    def import_sequence(self, state: SequenceState, request_id: int | None = None) -> RequestHandle:
+        """Continue a sequence exported by another engine; returns its handle here.
 
         Its KV comes from ``state.kv`` through the swap-in path when given (the copy is already in
         this process; it counts in the host pool until restored), else it is recomputed. It gets
@@ -256,7 +269,11 @@ class Engine:
         """
         if request_id is None:
             request_id = self._new_request_id()
-        return self.executor.import_state(state, request_id)
+        progress = self.executor.import_state(state, request_id)
+        handle = RequestHandle(request_id, list(state.prompt_token_ids), state.params, state.seed, self._now(),
+                               progress)
+        self._handles[request_id] = handle
+        return handle
 
     # -- lifetime -------------------------------------------------------------------------------
 

@@ -319,3 +319,22 @@ def test_constrained_rows_and_logprobs_on_ranks_and_across_migrate(tiny_checkpoi
                    for g, w in zip(got.logprobs, want.logprobs) for t in g)
         assert len(got.prompt_logprobs) == 4 and got.prompt_logprobs[0] is None
     assert sum(r.num_migrated_out for r in stats.ranks) > 0
+
+
+def test_a_request_handle_shows_its_ranks_status_and_tokens(tiny_checkpoint):
+    """What a caller holds follows the rank that runs its request: after a few steps a running
+    request's handle says RUNNING with the tokens it has generated (not a driver-side copy that
+    stays WAITING until it finishes)."""
+    from batchgen_data.engine.core.sequence import SequenceStatus
+
+    folder, _ = tiny_checkpoint("mixtral")
+    engine = Engine(folder, EngineConfig(expert_parallel_size=2, block_size=8))
+    try:
+        handles = [engine.add_request(p, _greedy()) for p in PROMPTS[:4]]
+        for _ in range(3):
+            engine.step()
+        seen = [(h.status, h.num_generated, h.num_tokens) for h in handles]
+    finally:
+        engine.close()
+    assert all(status is SequenceStatus.RUNNING for status, _, _ in seen), seen
+    assert all(0 < n < MAX_NEW and tokens == len(p) + n for (_, n, tokens), p in zip(seen, PROMPTS)), seen

@@ -1,4 +1,5 @@
-"""The tail move rule with scripted progress and no model: gain against cost, with hysteresis."""
+"""The one move rule (``engine/migration/planner.py``) with scripted progress and no model: gain
+against cost, with hysteresis, for actors and expert-parallel ranks alike."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchgen_data.distributed.move_planner import OutputLengths, WorkerProgress, finish_s, plan_moves
+from batchgen_data.engine.migration.lengths import OutputLengths
+from batchgen_data.engine.migration.planner import Move, WorkerProgress, finish_s, plan_moves, replay
 from batchgen_data.engine.core.progress import SeqProgress
 from batchgen_data.engine.migration.step_model import StepModel, StepSums
 
@@ -19,17 +21,17 @@ FLAT = StepModel(0.03, 0.0)  # decode bound by the weights: a step costs the sam
 def worker(running=(), waiting=(), slots=8, move_s_per_token=1e-5, latency_s=0.1) -> WorkerProgress:
     """Running sequences as (generated, max_tokens); waiting ones as max_tokens."""
     seqs = [SeqProgress(g, m, 20 + g, True) for g, m in running]
-    seqs += [SeqProgress(0, m, 20, False) for m in waiting]
+    seqs += [SeqProgress(0, m, 20, False, running=False) for m in waiting]
+    seqs = [dataclasses.replace(s, request_id=i) for i, s in enumerate(seqs)]
     return WorkerProgress(slots, tuple(seqs), move_s_per_token=move_s_per_token, move_latency_s=latency_s)
 
 
-def moved(before: WorkerProgress, receiver: WorkerProgress, count: int) -> tuple[WorkerProgress, WorkerProgress]:
-    """Both reports after the giver exported ``count`` sequences in its engine's order."""
-    seqs = before.seqs
-    order = sorted(range(len(seqs)), key=lambda i: (seqs[i].started, -(seqs[i].max_tokens - seqs[i].num_generated)))
-    out = set(order[:count])
-    stay = tuple(s for i, s in enumerate(seqs) if i not in out)
-    landed = tuple(seqs[i] for i in order[:count])
+def moved(before: WorkerProgress, receiver: WorkerProgress,
+          moves: tuple[Move, ...]) -> tuple[WorkerProgress, WorkerProgress]:
+    """Both reports after the giver exported the planned sequences (they run at the receiver)."""
+    ids = {m.request_id for m in moves}
+    stay = tuple(s for s in before.seqs if s.request_id not in ids)
+    landed = tuple(dataclasses.replace(s, request_id=100 + s.request_id) for s in before.seqs if s.request_id in ids)
     return dataclasses.replace(before, seqs=stay), dataclasses.replace(receiver, seqs=receiver.seqs + landed)
 
 
@@ -103,14 +105,12 @@ def test_queued_work_moves_first_whatever_the_step_model():
 
 def test_moved_work_does_not_bounce_back():
     giver, receiver = worker(running=[(56, 256)] * 4), worker()
-    count = plan_moves(giver, [receiver], OutputLengths(), CPU_LIKE).count
-    giver, receiver = moved(giver, receiver, count)
+    giver, receiver = moved(giver, receiver, plan_moves(giver, [receiver], OutputLengths(), CPU_LIKE).moves)
     for model in (CPU_LIKE, FLAT):
         assert plan_moves(giver, [receiver], OutputLengths(), model).count == 0
         assert plan_moves(receiver, [giver], OutputLengths(), model).count == 0
-    queued, idle = moved(worker(running=[(56, 256)] * 8, waiting=[256] * 8), worker(),
-                         plan_moves(worker(running=[(56, 256)] * 8, waiting=[256] * 8), [worker()],
-                                    OutputLengths(), FLAT).count)
+    queued = worker(running=[(56, 256)] * 8, waiting=[256] * 8)
+    queued, idle = moved(queued, worker(), plan_moves(queued, [worker()], OutputLengths(), FLAT).moves)
     assert plan_moves(queued, [idle], OutputLengths(), FLAT).count == 0
     assert plan_moves(idle, [queued], OutputLengths(), FLAT).count == 0
 
@@ -137,17 +137,17 @@ def test_only_movable_sequences_are_planned_and_receivers_fill_by_their_slots():
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.integers(0, 40), max_size=120), st.integers(0, 40))
 def test_learned_lengths_match_a_plain_recount(lengths, generated):
-    from batchgen_data.distributed import move_planner
+    from batchgen_data.engine.migration import lengths as module
 
     window = 50
     learned = OutputLengths()
-    old = move_planner._LENGTH_SAMPLES
-    move_planner._LENGTH_SAMPLES = window
+    old = module._LENGTH_SAMPLES
+    module._LENGTH_SAMPLES = window
     try:
         for n in lengths:
             learned.record(32, n)
     finally:
-        move_planner._LENGTH_SAMPLES = old
+        module._LENGTH_SAMPLES = old
     kept = [min(n, 32) for n in lengths][-window:]
     longer = [n for n in kept if n > generated]
     bound = max(0, 32 - generated)
@@ -165,3 +165,48 @@ def test_sequences_suspended_for_kv_memory_count_as_queued():
     plan = plan_moves(giver, [worker()], OutputLengths(), FLAT)
     assert plan.count == 4 and plan.gain_s > 0.4 * plan.before_s
     assert plan_moves(worker(running=[(40, 160)] * 8), [worker()], OutputLengths(), FLAT).count == 0
+
+
+def test_the_plan_names_the_sequences_and_whether_their_kv_travels():
+    # Two running long rows and two queued ones: the queued ones go, the last to start first;
+    # they carry no KV (nothing computed), and a started one's KV travels only where shipping it
+    # beats recomputing it.
+    giver = worker(running=[(56, 256)] * 2, waiting=[256, 256], slots=2)
+    plan = plan_moves(giver, [worker(slots=2)], OutputLengths(), FLAT)
+    assert plan.moves == (Move(3, False, 0), Move(2, False, 0))
+    tail = dataclasses.replace(worker(running=[(56, 256)] * 4), kv_s_per_token=1e-6)
+    assert {m.send_kv for m in plan_moves(tail, [worker()], OutputLengths(), CPU_LIKE).moves} == {True}
+    tail = dataclasses.replace(tail, kv_s_per_token=1e-3)  # shipping is slower than recomputing here
+    assert {m.send_kv for m in plan_moves(tail, [worker()], OutputLengths(), CPU_LIKE).moves} == {False}
+
+
+def test_moved_sequences_start_once_the_move_is_done():
+    # The receiver runs one 10-step sequence; one moved in arrives after 2.5 s (of 1 s steps).
+    assert replay([10], 2, StepModel(1.0, 0.0), arriving=[4], arrive_s=2.5) == [10.0, 6.5]
+    assert replay([10], 1, StepModel(1.0, 0.0), arriving=[4], arrive_s=2.5) == [10.0, 14.0]  # no slot
+    assert replay([], 2, StepModel(1.0, 0.0), arriving=[3], arrive_s=1.0) == [4.0]
+
+
+def _rank(running=(), queued=(), slots=2, step_s=0.03) -> WorkerProgress:
+    """An expert-parallel rank as its driver sees it: running sequences (generated, max_tokens),
+    queued ones by max_tokens; moving one costs one lockstep step."""
+    seqs = [SeqProgress(g, m, 8 + g, True) for g, m in running]
+    seqs += [SeqProgress(0, m, 8, False, running=False) for m in queued]
+    seqs = [dataclasses.replace(s, request_id=i) for i, s in enumerate(seqs)]
+    return WorkerProgress(slots, tuple(seqs), move_s_per_token=1e-5, move_latency_s=step_s, kv_s_per_token=1e-6)
+
+
+def test_ranks_queued_work_moves_to_free_slots_and_even_running_sets_stay():
+    # Ranks step in lockstep: the driver plans with a flat model. One rank runs a long request
+    # with a slot free; the other queues short ones behind its two slots: queued ones move, though
+    # the long request sets the engine's finish either way.
+    flat = StepModel(0.03, 0.0)
+    queued, long = _rank(running=[(0, 3)] * 2, queued=[3] * 12), _rank(running=[(0, 40)])
+    plan = plan_moves(queued, [long], None, flat)
+    assert plan.count == 1 and plan.moves[0].request_id == 13 and not plan.moves[0].send_kv
+    assert plan_moves(long, [queued], None, flat).count == 0  # no slot free there
+    # Similar running sets: nothing moves, nor from a rank running more than an idle one.
+    assert plan_moves(_rank(running=[(5, 40)] * 2), [_rank(running=[(7, 40)])], None, flat).count == 0
+    assert plan_moves(_rank(running=[(5, 40)] * 2), [_rank()], None, flat).count == 0
+    # A queued sequence about to start anyway stays (moving it would only add the move's cost).
+    assert plan_moves(_rank(running=[(38, 40), (0, 40)], queued=[40]), [_rank()], None, flat).count == 0

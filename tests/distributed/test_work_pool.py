@@ -7,9 +7,9 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchgen_data.distributed.move_planner import WorkerProgress
 from batchgen_data.distributed.work_pool import WorkPool
 from batchgen_data.engine.core.progress import SeqProgress
+from batchgen_data.engine.migration.planner import WorkerProgress
 from batchgen_data.engine.migration.step_model import StepSums
 
 
@@ -58,16 +58,44 @@ def test_expired_and_dead_workers_leases_return_and_late_duplicates_drop():
     assert pool.take_batch("a") == ["x", "y"]
 
 
-def test_retried_batch_gets_the_same_results_once_per_waiter():
+def _holds_nothing(pool: WorkPool) -> bool:
+    return not (pool.batches or pool.items or pool.results or pool.pending or pool.leases)
+
+
+def test_a_batch_whose_waiter_is_gone_leaves_the_pool():
+    # The caller gave up (cancelled): its pending, leased and finished items all go, and a late
+    # result for one of them is dropped.
+    pool = WorkPool(lease_timeout_s=5.0)
+    pool.submit("k", "owner", _rows(3), now=0.0)
+    first, second = pool.lease("helper", 2, now=0.0)
+    pool.complete("helper", first.item_id, "r")
+    pool.forget_batch("k")
+    assert _holds_nothing(pool) and pool.take_batch("k") is None and pool.batch_done("k")
+    assert not pool.complete("helper", second.item_id, "late")
+    assert _holds_nothing(pool) and pool.counters.num_batches_dropped == 1
+    # The owner died (its actor is gone): its batches go with it, others' stay.
+    pool.submit("mine", "owner", _rows(2), now=1.0)
+    pool.submit("theirs", "helper", _rows(1), now=1.0)
+    pool.worker_died("owner")
+    assert list(pool.batches) == ["theirs"] and len(pool.items) == 1
+    # An owner not heard from for a lease timeout is taken for dead; one that leases or
+    # heartbeats is not.
+    pool.submit("silent", "gone", _rows(2), now=2.0)
+    pool.heartbeat("helper", now=7.5)
+    assert pool.drop_orphaned_batches(now=7.5) == ["silent"]
+    assert list(pool.batches) == ["theirs"]
+
+
+def test_equal_rows_of_two_calls_are_two_batches():
     pool = WorkPool()
-    pool.submit("k", "w1", _rows(1))
-    pool.submit("k", "w2", _rows(1))  # the owner died; Ray retried the batch elsewhere
-    assert pool.num_outstanding == 1  # not duplicated
-    [item] = pool.lease("w2", 1, now=0.0)
-    pool.complete("w2", item.item_id, "r")
-    assert pool.take_batch("k") == ["r"]
-    assert pool.take_batch("k") == ["r"]  # the second waiter too
-    assert not pool.batches
+    pool.submit("call-1", "w1", _rows(2))
+    pool.submit("call-2", "w1", _rows(2))  # the same rows again (unseeded sampling: new samples)
+    assert pool.num_outstanding == 4
+    for item in pool.lease("w1", 4, now=0.0):
+        pool.complete("w1", item.item_id, item.item_id)
+    assert pool.take_batch("call-1") == ["call-1/0", "call-1/1"]
+    assert pool.take_batch("call-2") == ["call-2/0", "call-2/1"]
+    assert _holds_nothing(pool)
 
 
 def _steps(base_s: float, per_seq_s: float) -> StepSums:
@@ -79,9 +107,9 @@ def _steps(base_s: float, per_seq_s: float) -> StepSums:
 
 
 def _progress(seqs: list[tuple[int, int]], steps: StepSums, slots: int = 8) -> WorkerProgress:
-    """A worker's report: its running sequences as (generated, max_tokens)."""
-    return WorkerProgress(slots, tuple(SeqProgress(g, m, 20 + g, True) for g, m in seqs), steps,
-                          move_s_per_token=1e-5, move_latency_s=0.1)
+    """A worker's report: its running sequences as (generated, max_tokens), request ids 0, 1, ..."""
+    return WorkerProgress(slots, tuple(SeqProgress(g, m, 20 + g, True, request_id=i) for i, (g, m) in enumerate(seqs)),
+                          steps, move_s_per_token=1e-5, move_latency_s=0.1)
 
 
 def test_tail_moves_follow_the_plan_and_hand_the_state_on():
@@ -97,23 +125,25 @@ def test_tail_moves_follow_the_plan_and_hand_the_state_on():
     cpu_like = _steps(0.008, 0.003)  # each running sequence adds 3 ms to a step
     pool.lease("idle", 8, now=1.0, progress=_progress([], cpu_like))  # idle again, slots empty
     pool.lease("busy", 0, now=1.1, progress=_progress([(10, 100)] * len(busy_held), cpu_like))
-    # Halving the busy one's running set saves ~90 steps x 3 ms x half of it: the plan splits it.
-    assert pool.partition_share("busy", now=1.1) == len(busy_held) // 2
-    assert pool.counters.num_moves_planned == 1
-    assert pool.partition_share("idle", now=1.1) == 0  # the idle one gives nothing
+    # Halving the busy one's running set saves ~90 steps x 3 ms x half of it: the plan splits it,
+    # naming the sequences to export.
+    moves = pool.plan_give_back("busy", now=1.1)
+    assert len(moves) == len(busy_held) // 2 and len({m.request_id for m in moves}) == len(moves)
+    assert pool.counters.num_moves_planned == len(moves)
+    assert pool.plan_give_back("idle", now=1.1) == []  # the idle one gives nothing
     # Steps that do not get cheaper with fewer sequences (an accelerator's decode): no gain.
     flat = _steps(0.03, 0.0)
     pool.lease("idle", 8, now=1.12, progress=_progress([], flat))
     pool.lease("busy", 0, now=1.12, progress=_progress([(10, 100)] * len(busy_held), flat))
-    assert pool.partition_share("busy", now=1.12) == 0
+    assert pool.plan_give_back("busy", now=1.12) == []
     # A receiver with no empty slots takes nothing.
     pool.lease("idle", 8, now=1.15, progress=_progress([(0, 8)] * 8, cpu_like))
     pool.lease("busy", 0, now=1.15, progress=_progress([(10, 100)] * len(busy_held), cpu_like))
-    assert pool.partition_share("busy", now=1.15) == 0
+    assert pool.plan_give_back("busy", now=1.15) == []
     pool.lease("idle", 8, now=1.2, progress=_progress([], cpu_like))
     moved = busy_held[0]
     assert pool.give_back("busy", moved, state={"tokens": [1, 2, 3]}, num_generated=3, now=1.2)
-    assert pool.partition_share("busy", now=1.3) == 0  # something is pending again, and cooldown
+    assert pool.plan_give_back("busy", now=1.3) == []  # something is pending again, and cooldown
     assert pool.lease("busy", 8, now=1.3) == []  # the giver does not take it back ...
     [continued] = pool.lease("idle", 8, now=1.4)
     assert continued.item_id == moved and continued.state == {"tokens": [1, 2, 3]}
@@ -144,6 +174,7 @@ def test_every_item_gets_exactly_one_result(ops, batch_sizes):
     for b, size in enumerate(batch_sizes):
         pool.submit(f"b{b}", workers[b % 3], _rows(size))
     held: dict[str, list[str]] = {w: [] for w in workers}
+    dead: set[str] = set()  # owners that died: nobody waits for their batches (Ray retries them anew)
     now = 0.0
     for op, w, n in ops:
         now += 1.0
@@ -155,6 +186,7 @@ def test_every_item_gets_exactly_one_result(ops, batch_sizes):
         elif op == "die":
             pool.worker_died(worker)
             held[worker] = []
+            dead.add(worker)
         elif op == "expire":
             now += 10.0
             pool.expire(now)
@@ -170,8 +202,9 @@ def test_every_item_gets_exactly_one_result(ops, batch_sizes):
             pool.complete("drain", item.item_id, "done")
     for b, size in enumerate(batch_sizes):
         assert pool.batch_done(f"b{b}")
-        assert pool.take_batch(f"b{b}") == ["done"] * size
-    assert pool.counters.num_completed == sum(batch_sizes)
+        assert pool.take_batch(f"b{b}") == (None if workers[b % 3] in dead else ["done"] * size)
+    assert not (pool.items or pool.results or pool.batches)
+    assert pool.counters.num_completed >= sum(size for b, size in enumerate(batch_sizes) if workers[b % 3] not in dead)
 
 
 def _simulate_packing(lens: list[int], num_workers: int = 2, slots: int = 32, prefetch: int = 0,
@@ -222,7 +255,7 @@ def test_leasing_for_empty_slots_packs_long_rows_near_perfectly():
 
 
 def test_cache_affinity_hands_a_prefix_to_the_worker_that_ran_it_and_never_idles_a_worker():
-    from batchgen_data.distributed.work_pool import prefix_key
+    from batchgen_data.distributed.work_item import prefix_key
 
     template_a, template_b = "Classify this ticket as A, B or C. " * 9, "Summarise this review in one line. " * 9
     assert prefix_key(template_a + "row 1") == prefix_key(template_a + "row 2") != prefix_key(template_b + "row 1")

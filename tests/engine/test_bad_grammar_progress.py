@@ -31,6 +31,15 @@ GOOD = {
 }
 
 
+def _larger_schema(row: int) -> dict:
+    """A valid schema per row, large enough to take a while to compile (and not cached across
+    rows): the bad row's compile fails before these are ready, as in the reported job."""
+    properties = {f"field_{row}_{i}": {"type": "string", "maxLength": 40 + i, "pattern": "^[a-z0-9 ]*$"}
+                  for i in range(24)}
+    return {"type": "object", "properties": {**GOOD["properties"], **properties},
+            "required": list(GOOD["properties"]), "additionalProperties": False}
+
+
 def _params(schema: dict, max_tokens: int = 8) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0,
                           structured_outputs=StructuredOutputsParams(json=schema))
@@ -38,7 +47,7 @@ def _params(schema: dict, max_tokens: int = 8) -> SamplingParams:
 
 def test_cli_job_whose_first_row_schema_is_invalid_runs_every_row(tmp_path):
     rows = [{"id": i, "prompt": f"Row {i}: extract the fields.",
-             "sampling_params": {"max_tokens": 8, "structured_outputs": {"json": BAD if i == 0 else GOOD}}}
+             "sampling_params": {"max_tokens": 8, "structured_outputs": {"json": BAD if i == 0 else _larger_schema(i)}}}
             for i in range(6)]
     with open(tmp_path / "in.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)

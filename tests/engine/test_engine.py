@@ -8,6 +8,7 @@ import pytest
 from tiny_checkpoints import hf_greedy_continuations
 
 from batchgen_data import Engine, EngineConfig, SamplingParams
+from batchgen_data.engine.core.sequence import SequenceStatus
 from batchgen_data.model.kv_cache import KVCache
 
 ARCH = "qwen3_moe"
@@ -187,14 +188,14 @@ def test_exported_sequence_continues_identically_in_another_engine(reference):
     seqs = [source.add_request(p, SamplingParams(max_tokens=MAX_NEW, temperature=0, ignore_eos=True)) for p in prompts[:4]]
     for _ in range(6):
         source.step()
-    moved = [s for s in seqs if s.status.name == "WAITING"]
+    moved = [s for s in seqs if s.status is SequenceStatus.WAITING]
     assert moved, "some sequences should still be waiting with max_num_seqs=2"
     target = Engine(folder, config)
     imported = [target.import_sequence(source.export_sequence(s)) for s in moved]
     done = {}
     while target.has_unfinished_requests():
         for s in target.step():
-            done[s.request_id] = s.output_token_ids
+            done[s.request_id] = s.output.token_ids
     for seq, new in zip(moved, imported):
         assert done[new.request_id] == refs[prompts.index(seq.prompt_token_ids)]
 
@@ -210,18 +211,18 @@ def test_suspended_sequence_migrates_mid_generation(reference):
     moved = []
     while source.has_unfinished_requests() and not moved:
         source.step()
-        moved = [s for s in source.executor.scheduler.suspended if s.output_token_ids]
+        moved = [s for s in seqs if s.status is SequenceStatus.SUSPENDED and s.num_generated]
     assert moved, "memory pressure should suspend a sequence that has generated tokens"
     target = Engine(folder, EngineConfig(block_size=8))
     pairs = [(s, target.import_sequence(source.export_sequence(s))) for s in moved]
     rest = {}
     while source.has_unfinished_requests():
         for s in source.step():
-            rest[s.request_id] = s.output_token_ids
+            rest[s.request_id] = s.output.token_ids
     done = {}
     while target.has_unfinished_requests():
         for s in target.step():
-            done[s.request_id] = s.output_token_ids
+            done[s.request_id] = s.output.token_ids
     for old, new in pairs:
         assert done[new.request_id] == refs[prompts.index(old.prompt_token_ids)]
     for s in seqs:
@@ -237,7 +238,7 @@ def test_running_sequence_migrates_mid_generation(reference, with_kv):
     seqs = [source.add_request(p, params) for p in prompts[:6]]
     for _ in range(7):
         source.step()
-    moved = [s for s in seqs if s.status.name == "RUNNING" and s.output_token_ids][:3]
+    moved = [s for s in seqs if s.status is SequenceStatus.RUNNING and s.num_generated][:3]
     assert len(moved) == 3
     used = source.executor.blocks.num_used
     states = [source.export_sequence(s, with_kv=with_kv) for s in moved]
@@ -249,7 +250,7 @@ def test_running_sequence_migrates_mid_generation(reference, with_kv):
     for engine in (source, target):
         while engine.has_unfinished_requests():
             for s in engine.step():
-                done[(engine is target, s.request_id)] = s.output_token_ids
+                done[(engine is target, s.request_id)] = s.output.token_ids
     for old, new in zip(moved, imported):
         assert done[(True, new.request_id)] == refs[prompts.index(old.prompt_token_ids)]
     for s in seqs:
@@ -259,23 +260,31 @@ def test_running_sequence_migrates_mid_generation(reference, with_kv):
     assert (recomputed == 0) == with_kv  # shipped KV is restored, not rebuilt
 
 
-def test_async_migrate_out_hands_stragglers_to_another_engine(reference):
+def test_async_migrate_out_moves_exactly_the_planned_requests(reference):
+    """``migrate_out`` exports the requests a plan names (with KV as each ``Move`` says), and
+    only those: a named one that finished meanwhile stays finished. Moved ones continue exactly
+    on another engine."""
     import asyncio
-    from functools import partial
 
-    from batchgen_data.engine.migration.costs import MigrationCosts
     from batchgen_data.engine.async_engine import AsyncEngine, MigratedOut
+    from batchgen_data.engine.migration.planner import Move
 
     folder, prompts, _, refs = reference
     source, target = (AsyncEngine(Engine(folder, EngineConfig(block_size=8))) for _ in range(2))
     lengths = [MAX_NEW if i % 2 else 2 for i in range(len(prompts))]
+    seen: dict[int, int] = {}  # request id -> max_tokens, from a step listener
+    source.add_step_listener(lambda engine, report, live: seen.update(
+        (rid, entry.handle.params.max_tokens) for rid, entry in live.items()))
 
     async def job():
         calls = [asyncio.ensure_future(source.run_one(p, SamplingParams(max_tokens=m, temperature=0, ignore_eos=True)))
                  for p, m in zip(prompts, lengths)]
         while source.engine.stats().num_forwards < 4:
             await asyncio.sleep(0.01)
-        moved = await source.migrate_out(3, partial(MigrationCosts.of_engine, transfer_bytes_per_s=1e12, latency_s=0.0))
+        long_ids = sorted(rid for rid, m in seen.items() if m == MAX_NEW)
+        short_id = min(rid for rid, m in seen.items() if m == 2)  # finished by now
+        moves = [Move(long_ids[0], True, 0), Move(long_ids[1], False, 0), Move(short_id, True, 0)]
+        moved = await source.migrate_out(moves)
         results = await asyncio.gather(*calls)
         finals = []
         for result in results:
@@ -288,22 +297,24 @@ def test_async_migrate_out_hands_stragglers_to_another_engine(reference):
         moved, results, finals = asyncio.run(job())
     finally:
         source.shutdown(), target.shutdown()
-    migrated = [i for i, r in enumerate(results) if isinstance(r, MigratedOut)]
-    assert moved == len(migrated) >= 1
-    assert all(lengths[i] == MAX_NEW for i in migrated)  # stragglers go, nearly finished rows stay
+    migrated = [r.state for r in results if isinstance(r, MigratedOut)]
+    assert moved == len(migrated) == 2  # the two long ones named; the finished short one stayed
+    assert sorted(state.kv is not None for state in migrated) == [False, True]  # KV as each move said
     for i, out in enumerate(finals):
         assert out.token_ids == refs[i][: lengths[i]]
 
 
 def test_async_engine_publishes_progress_and_step_times(reference):
-    """What the rebalancer reads: the live sequences after each step, and a step-time model."""
+    """What the rebalancer reads (an ``EngineProbe`` step listener): the live sequences after
+    each step, and a step-time model."""
     import asyncio
 
     from batchgen_data.engine.async_engine import AsyncEngine
+    from batchgen_data.engine.migration.engine_probe import EngineProbe
 
     folder, prompts, _, _ = reference
     aengine = AsyncEngine(Engine(folder, EngineConfig(block_size=8)))
-    aengine.report_progress = True
+    probe = EngineProbe.attach(aengine)
     lengths = [2 + 2 * i for i in range(len(prompts))]  # the running set shrinks one by one
     seen = []
 
@@ -311,7 +322,7 @@ def test_async_engine_publishes_progress_and_step_times(reference):
         calls = [asyncio.ensure_future(aengine.run_one(p, SamplingParams(max_tokens=m, temperature=0, ignore_eos=True)))
                  for p, m in zip(prompts, lengths)]
         while not all(c.done() for c in calls):
-            seen.append(aengine.progress.seqs)
+            seen.append(probe.snapshot.progress.seqs)
             await asyncio.sleep(0.002)
         return await asyncio.gather(*calls)
 
@@ -322,10 +333,33 @@ def test_async_engine_publishes_progress_and_step_times(reference):
     started = [p for snapshot in seen for p in snapshot if p.started]
     assert started and all(p.max_tokens in lengths and 0 <= p.num_generated < p.max_tokens for p in started)
     assert all(p.num_tokens > p.num_generated for p in started)  # prompt plus output
-    assert aengine.progress.seqs == () and aengine.progress.num_accepted == len(prompts)  # all done
-    model = aengine.engine.step_sums.fit()
+    final = probe.snapshot
+    assert final.progress.seqs == () and final.progress.num_accepted == len(prompts)  # all done
+    model = final.step.fit()
     assert model is not None and model.step_s(4) > 0 and model.per_seq_s >= 0
-    assert aengine.move_s_per_token > 0
+    assert final.move_s_per_token > 0
+
+
+def test_a_request_handle_follows_its_request_from_waiting_to_finished(reference):
+    """A caller's handle shows what the scheduler's record says after every step: waiting behind
+    a full running set, running with its tokens so far, then finished with its output."""
+    folder, prompts, _, refs = reference
+    engine = Engine(folder, EngineConfig(block_size=8, max_num_seqs=1))
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    first, second = (engine.add_request(p, params) for p in prompts[:2])
+    seen = [(second.status, second.num_generated)]
+    while engine.has_unfinished_requests():
+        engine.step()
+        seen.append((second.status, second.num_generated))
+        assert second.num_tokens == len(prompts[1]) + second.num_generated
+    statuses = [status for i, (status, _) in enumerate(seen) if i == 0 or status is not seen[i - 1][0]]
+    assert statuses == [SequenceStatus.WAITING, SequenceStatus.RUNNING, SequenceStatus.FINISHED]
+    running = [n for status, n in seen if status is SequenceStatus.RUNNING]
+    assert running == sorted(running) and 0 < running[-1] < 4  # its tokens so far, step by step
+    assert first.is_finished and second.is_finished and second.num_tokens_left == 0
+    assert second.output.token_ids == refs[1][:4]
+    timings = second.output.timings
+    assert 0 < timings.first_token_s <= timings.finished_s
 
 
 def test_async_callers_share_one_engine(reference):

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from batchgen_data import Engine, EngineConfig, SamplingParams
+from batchgen_data.engine.core.sequence import SequenceStatus
 from batchgen_data.errors import ConfigError
 from batchgen_data.model import MoEModel
 from batchgen_data.model.kv_cache import KVCache
@@ -97,13 +98,13 @@ def test_logprobs_travel_with_a_migrated_sequence(tiny_checkpoint, with_kv):
         seqs = [source.add_request(p, _params()) for p in PROMPTS]
         for _ in range(3):
             source.step()
-        moved = [i for i, s in enumerate(seqs) if s.status.name == "RUNNING" and s.output_token_ids]
+        moved = [i for i, s in enumerate(seqs) if s.status is SequenceStatus.RUNNING and s.num_generated]
         assert moved
         imported = {i: target.import_sequence(source.export_sequence(seqs[i], with_kv=with_kv)) for i in moved}
         for eng in (source, target):
             while eng.has_unfinished_requests():
                 eng.step()
-        outs = [target.to_output(imported[i]) if i in imported else source.to_output(s) for i, s in enumerate(seqs)]
+        outs = [imported[i].output if i in imported else s.output for i, s in enumerate(seqs)]
     assert _close(_collect(outs), _collect(expected))
     assert all(len(o.prompt_logprobs) == len(p) for o, p in zip(outs, PROMPTS))
 

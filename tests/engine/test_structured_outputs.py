@@ -14,6 +14,7 @@ import jsonschema
 import pytest
 
 from batchgen_data import Engine, EngineConfig, SamplingParams
+from batchgen_data.engine.core.sequence import SequenceStatus
 from batchgen_data.errors import ConfigError
 from batchgen_data.model.kv_cache import KVCache
 
@@ -167,13 +168,13 @@ def test_constrained_sequence_migrates_mid_generation(folder, engine, with_kv):
         seqs = [source.add_request(p, _params(constraint)) for p in PROMPTS]
         for _ in range(5):
             source.step()
-        moved = [i for i, s in enumerate(seqs) if s.status.name == "RUNNING" and s.output_token_ids]
+        moved = [i for i, s in enumerate(seqs) if s.status is SequenceStatus.RUNNING and s.num_generated]
         assert len(moved) >= 2
         imported = {i: target.import_sequence(source.export_sequence(seqs[i], with_kv=with_kv)) for i in moved}
         for eng in (source, target):
             while eng.has_unfinished_requests():
                 eng.step()
-        texts = [target.to_output(imported[i]) if i in imported else source.to_output(s) for i, s in enumerate(seqs)]
+        texts = [imported[i].output if i in imported else s.output for i, s in enumerate(seqs)]
     assert [t.text for t in texts] == expected
     assert all(t.finish_reason == "stop" and _valid_json(t.text) for t in texts)
 

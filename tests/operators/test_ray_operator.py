@@ -151,3 +151,37 @@ def test_processor_config_rejects_what_it_cannot_honour():
                                      concurrency=(1, 2))
     assert config.operator_kwargs()["chat_template_kwargs"] == {"enable_thinking": False}
     assert config.operator_kwargs()["rebalance"] is True
+
+
+def test_build_processor_rows_have_the_tables_columns(ray_cluster, demo_path):
+    """Every column of the output table, in its order, with values of its types (logprobs as Ray
+    Data LLM's per-position dicts: the processor asks for numpy batches)."""
+    import numpy as np
+    from stage_rows import ray_llm_to_arrow_form
+
+    from batchgen_data import BatchGenProcessorConfig, build_processor
+    from batchgen_data.operators.columns import OUTPUT_COLUMNS, OUTPUT_SCHEMA, RAY_LLM_FORMS
+
+    config = BatchGenProcessorConfig(model_source=str(demo_path), engine_kwargs=ENGINE_CONFIG, batch_size=4,
+                                     concurrency=1, max_concurrent_batches=2, num_cpus=0.5,
+                                     should_continue_on_error=True)
+    processor = build_processor(config, preprocess=lambda row: {"sampling_params": {
+        "temperature": 0.0, "max_tokens": 2, "logprobs": 1, "prompt_logprobs": 0}})
+    ds = processor(ray.data.from_items([{"id": 0, "prompt": "Hello there"}, {"id": 1, "prompt": ""}]))
+    rows = sorted(ds.take_all(), key=lambda r: r["id"])
+    assert ds.schema().names[-len(OUTPUT_COLUMNS):] == list(OUTPUT_COLUMNS)
+
+    def plain(value):  # numpy arrays and scalars, as Ray hands them back, to Python
+        if isinstance(value, np.ndarray):
+            return [plain(v) for v in value]
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        return value.item() if isinstance(value, np.generic) else value
+
+    for name in OUTPUT_COLUMNS:
+        values = [plain(row[name]) for row in rows]
+        if name in RAY_LLM_FORMS:
+            assert isinstance(values[0][0], dict) and values[1] is None
+            values = [ray_llm_to_arrow_form(v) for v in values]
+        pa.array(values, type=OUTPUT_SCHEMA.field(name).type)
+    assert rows[1]["__inference_error__"] == "empty prompt in column 'prompt'" and rows[0]["__inference_error__"] is None

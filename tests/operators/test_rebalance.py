@@ -72,3 +72,87 @@ def test_tail_sequences_move_between_actors_and_continue_exactly(ray_cluster, de
     assert len(stats) == 2, "both actors should have taken part"
     assert sum(s["num_given_back"] for s in stats) > 0  # started rows moved, at the tail
     assert sum(s["num_continued"] for s in stats) > 0  # and were finished by the other actor
+    # The pool planned exactly what the actors moved: each plan names its sequences, and the
+    # giving engine exports those.
+    [pool] = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("batchgen-pool-")]
+    counters = ray.get(ray.get_actor(pool["name"], namespace=pool["namespace"]).counters.remote())
+    assert counters["num_moves_planned"] == counters["num_migrated"] == sum(s["num_given_back"] for s in stats)
+
+
+class _InProcess:
+    """A ``Coordinator`` in this process behind the ``handle.method.remote(...)`` calls a Ray
+    actor handle takes, so a test can look into its pool."""
+
+    def __init__(self, coordinator):
+        self.coordinator = coordinator
+
+    def __getattr__(self, name: str):
+        import asyncio
+        from types import SimpleNamespace
+
+        method = getattr(self.coordinator, name)
+        return SimpleNamespace(remote=lambda *args: asyncio.ensure_future(method(*args)))
+
+
+def _rebalance_client(demo_path):
+    """One operator actor's rebalancing client over an in-process pool (no Ray Data)."""
+    from batchgen_data.distributed.coordinator import Coordinator
+    from batchgen_data.engine.async_engine import AsyncEngine
+    from batchgen_data.operators.rebalance import RebalanceClient
+
+    handle = _InProcess(Coordinator(lease_timeout_s=5.0))
+    engine = AsyncEngine(Engine(demo_path, EngineConfig(**ENGINE_CONFIG)))
+    return RebalanceClient(engine, "test-stage", 5.0, handle), handle.coordinator.pool, engine
+
+
+def _tokens(results) -> list[list[int]]:
+    return [list(r.values["generated_tokens"]) for r in results]
+
+
+def test_equal_batches_of_two_calls_get_their_own_samples(ray_cluster, demo_path):
+    """Two calls with the same rows (unseeded, sampled) are two batches: each gets samples of
+    its own, not a copy of the other's."""
+    import asyncio
+
+    client, pool, engine = _rebalance_client(demo_path)
+    prompts = ["Write one line about a parcel."] * 4
+    params = [SamplingParams(max_tokens=12, temperature=1.0, ignore_eos=True) for _ in prompts]
+
+    async def job():
+        return await asyncio.gather(client.run_batch(prompts, params), client.run_batch(prompts, params))
+
+    try:
+        first, second = asyncio.run(job())
+    finally:
+        engine.shutdown()
+    assert pool.counters.num_submitted == 8  # two entries in the pool, not one shared
+    assert _tokens(first) != _tokens(second)
+    assert not (pool.batches or pool.items or pool.results)
+
+
+def test_a_cancelled_call_leaves_nothing_in_the_pool(ray_cluster, demo_path):
+    """A batch whose caller was cancelled mid-run: its items and results leave the pool (nobody
+    will ever take them), while the work already running finishes and is dropped."""
+    import asyncio
+    import time
+
+    client, pool, engine = _rebalance_client(demo_path)
+    params = [SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True) for _ in range(4)]
+
+    async def job():
+        call = asyncio.ensure_future(client.run_batch([f"Row {i}: a long note." for i in range(4)], params))
+        while not pool.leases:  # submitted and running
+            await asyncio.sleep(0.02)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        deadline = time.monotonic() + 10.0
+        while (pool.batches or pool.items or pool.results) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
+    try:
+        asyncio.run(job())
+    finally:
+        engine.shutdown()
+    assert not (pool.batches or pool.items or pool.results or pool.pending)
+    assert pool.counters.num_batches_dropped == 1

@@ -42,6 +42,7 @@ from batchgen_data.engine.core.admission import ADMISSION_WINDOW_PER_SLOT, plan_
 from batchgen_data.engine.core.grammar_gate import GrammarGate
 from batchgen_data.engine.core.host_pool import HostKVPool
 from batchgen_data.engine.core.kv_manager import KVCacheManager
+from batchgen_data.engine.core.request import NewRequest
 from batchgen_data.engine.core.runner_output import ModelRunnerOutput
 from batchgen_data.engine.core.scheduler_output import SchedulerOutput, SchedulerStats
 from batchgen_data.engine.core.sequence import Sequence, SequenceState, SequenceStatus
@@ -84,9 +85,25 @@ class Scheduler:
 
     # -- queues ---------------------------------------------------------------------------------
 
+    def add_request(self, request: NewRequest) -> Sequence:
+        """Queue a new request under the scheduler's own record of it."""
+        seq = Sequence(request.request_id, list(request.prompt_token_ids), request.params, request.seed,
+                       arrival_s=request.arrival_s)
+        self.add(seq)
+        return seq
+
     def add(self, seq: Sequence) -> None:
         self.grammars.attach(seq)
         self.waiting.append(seq)
+
+    def find(self, request_id: int) -> Sequence | None:
+        """The record of a queued or running request (a scan: MIGRATE is rare, and taking a
+        record out of its queue scans that queue anyway)."""
+        for queue in (self.running, self.suspended, self.waiting):
+            for seq in queue:
+                if seq.request_id == request_id:
+                    return seq
+        return None
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.suspended or self.running)

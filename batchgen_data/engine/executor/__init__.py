@@ -1,8 +1,9 @@
 """Executors: where an engine's sequence coroutines run.
 
 The ``Engine`` (``engine/engine.py``) does request bookkeeping once — ids, seeds, tokenizing,
-validation, outputs, the timeline — and hands each valid sequence to its executor, which owns
-the scheduler(s), KV and model runner(s):
+validation, request handles, outputs, the timeline — and hands each valid request to its
+executor (a ``NewRequest``), which owns the scheduler(s), KV and model runner(s) and publishes the
+requests' progress after each step (``ExecutorStep``):
 
 - ``in_process.py``: ``InProcessExecutor``, one scheduler, KV pool and model runner in this
   process (also what each expert-parallel rank runs over its shard of the experts);

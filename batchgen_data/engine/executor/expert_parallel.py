@@ -1,7 +1,7 @@
 """``ExpertParallelExecutor``: an engine's sequences over N rank processes (DP attention, EP MoE).
 
 The engine (``engine/engine.py``) tokenizes, validates and numbers requests and assembles
-outputs; this executor places each sequence on a rank. Each rank (``rank_worker.py``) holds its
+outputs; this executor places each request on a rank. Each rank (``rank_worker.py``) holds its
 E/N experts of every MoE layer and runs its own sequences with an ``InProcessExecutor`` — its
 own scheduler, KV pool and sampler, as each data-parallel attention rank does — and every MoE
 layer exchanges routed tokens with the other ranks by DeepSpeed-MoE all-to-all.
@@ -9,15 +9,17 @@ layer exchanges routed tokens with the other ranks by DeepSpeed-MoE all-to-all.
 NOTE: one ``step``.
   1. Place: new sequences go to the rank with the fewest tokens left to generate (its unfinished
      budgets plus what this step already gave it).
-  2. Even out the tail: once nothing new is waiting here, a rank with queued sequences gives its
-     unstarted ones to a rank with free slots; a rank running two or more sequences more than an
-     idle rank gives half the gap, the ones worth moving by the same cost rule as across actors
-     (``MigrationCosts``: KV shipped or recomputed). What a rank exports this step is imported by
-     its receiver next step.
+  2. Even out the tail: once nothing new is being placed, the engine's one move rule
+     (``migration/planner.py``, the same as across actors) names the requests a rank gives to a
+     rank with free slots, from the progress the ranks published (queued work that starts
+     clearly sooner there; ``_plan_tail``), each with whether its KV travels (``MigrationCosts``).
+     The giver exports exactly those this step; the receiver imports them next step.
   3. Lockstep: every rank gets one command and runs exactly one forward — zero tokens if it has
-     nothing — so every all-to-all has all its ranks; the answers carry the finished sequences.
-The driver keeps one ``Sequence`` per request for the engine's caller and mirrors each rank's
-answer into it (first token, output, finish).
+     nothing — so every all-to-all has all its ranks; the answers carry what each rank's
+     executor published: the progress of its requests that ran or changed status, and the
+     finished ones.
+The driver holds no request records: only which rank has each request. What the ranks publish
+goes to the engine unchanged (``ExecutorStep``), which applies it to the callers' handles.
 """
 
 from __future__ import annotations
@@ -29,9 +31,16 @@ from collections.abc import Callable
 from batchgen_data.config import EngineConfig
 from batchgen_data.engine.executor.comm_time import split_comm_time
 from batchgen_data.engine.executor.rank_group import RankGroup
-from batchgen_data.engine.executor.rank_protocol import NewSequence, RankCommand, RankLoad, StepResult
-from batchgen_data.engine.core.sequence import Sequence, SequenceState, SequenceStatus
+from batchgen_data.engine.core.progress import RequestProgress, SeqProgress
+from batchgen_data.engine.core.request import NewRequest
+from batchgen_data.engine.core.sequence import SequenceState, SequenceStatus
+from batchgen_data.engine.executor.base import ExecutorStep
+from batchgen_data.engine.executor.rank_protocol import RankCommand, RankLoad, StepResult
+from batchgen_data.engine.migration.costs import RANK_TRANSFER_BYTES_PER_S, MigrationCosts
+from batchgen_data.engine.migration.planner import WorkerProgress, finish_s, plan_moves
+from batchgen_data.engine.migration.step_model import StepModel
 from batchgen_data.engine.stats import EngineStats, RankStats
+from batchgen_data.engine.step_report import StepReport
 from batchgen_data.errors import BatchGenError, ConfigError
 from batchgen_data.model.config import ModelConfig
 from batchgen_data.model.moe.store import ExpertShard
@@ -55,14 +64,16 @@ class ExpertParallelExecutor:
         first = self.group.ready[0]
         self._num_kv_blocks, self._block_size = first.num_kv_blocks, first.block_size  # what a request must fit
         self._kv_bytes_per_token = first.kv_bytes_per_token
-        self._unplaced: list[Sequence] = []
-        self._live: dict[int, Sequence] = {}  # request id -> the caller's Sequence
+        self._unplaced: list[NewRequest] = []
+        self._live: set[int] = set()  # request ids added or imported and not finished or exported
         self._rank_of: dict[int, int] = {}
         self._moves: dict[int, int] = {}
+        # The last progress published for each request placed on a rank (what the move rule
+        # reads at the tail); entries of requests no longer on a rank are dropped there.
+        self._published: dict[int, RequestProgress] = {}
         self._inbound: list[list[SequenceState]] = [[] for _ in range(world)]
         self._loads = [RankLoad(0, 0, 0, config.max_num_seqs) for _ in range(world)]
         self._rank_stats: list[RankStats] = []
-        self._last_results: list[StepResult] = []
         self._num_steps = 0
 
     # -- what the engine asks ----------------------------------------------------------------------
@@ -90,21 +101,23 @@ class ExpertParallelExecutor:
 
     # -- step --------------------------------------------------------------------------------------
 
-    def add(self, seq: Sequence) -> None:
-        self._unplaced.append(seq)
-        self._live[seq.request_id] = seq
+    def add(self, request: NewRequest) -> None:
+        self._unplaced.append(request)
+        self._live.add(request.request_id)
 
-    def step(self) -> list[Sequence]:
-        """One lockstep forward on every rank; returns the sequences that finished in it."""
+    def step(self) -> ExecutorStep:
+        """One lockstep forward on every rank; what they published."""
         commands = [RankCommand(imports=inbound) for inbound in self._inbound]
         self._inbound = [[] for _ in commands]
         self._place(commands)
         targets = self._plan_tail(commands)
         results = self.group.step(commands)
-        now = self._clock()
-        finished = []
-        for result in results:
-            finished += self._apply(result, now)
+        finished = [done for result in results for done in result.finished]
+        self._published.update((p.request_id, p) for result in results for p in result.progress)
+        for done in finished:
+            self._live.discard(done.request_id)
+            self._rank_of.pop(done.request_id, None)
+            self._moves.pop(done.request_id, None)
         for giver, receiver in targets.items():
             for state in results[giver].exported:
                 self._rank_of[state.request_id] = receiver
@@ -112,110 +125,118 @@ class ExpertParallelExecutor:
                 self._inbound[receiver].append(state)
         self._loads = [r.load for r in results]
         self._rank_stats = [r.stats for r in results]
-        self._last_results = results
         self._num_steps += 1
-        return finished
+        return ExecutorStep([p for result in results for p in result.progress], finished, self._report(results))
 
     def _place(self, commands: list[RankCommand]) -> None:
         """New requests to the rank with the fewest tokens left (what it reported, plus what it
         is given now)."""
         tokens_left = [load.tokens_left for load in self._loads]
-        for seq in self._unplaced:
+        for request in self._unplaced:
             rank = min(range(len(commands)), key=lambda r: (tokens_left[r], r))
-            commands[rank].add.append(NewSequence(seq.request_id, seq.prompt_token_ids, seq.params, seq.seed))
-            tokens_left[rank] += seq.params.max_tokens
-            self._rank_of[seq.request_id] = rank
+            commands[rank].add.append(request)
+            tokens_left[rank] += request.params.max_tokens
+            self._rank_of[request.request_id] = rank
+            self._published[request.request_id] = RequestProgress.of_new(request)
         self._unplaced = []
 
     def _plan_tail(self, commands: list[RankCommand]) -> dict[int, int]:
-        """MIGRATE between ranks (giver -> receiver), decided from the last step's loads."""
-        if any(c.add or c.imports for c in commands):
+        """MIGRATE between ranks (giver -> receiver) by the engine's one move rule
+        (``migration/planner.py``), from what the ranks published up to the last step: the
+        chosen requests go into the giver's ``export_ids``. Ranks step in lockstep, so a step
+        lasts as long as the slowest rank and the all-to-alls whatever one rank runs: the plan
+        uses a flat step model at the measured step, under which queued work moves to free
+        slots where that starts it clearly sooner, and running sets stay where they are."""
+        if any(c.add or c.imports for c in commands) or not self._rank_stats:
             return {}
-        loads = self._loads
-        order = sorted(range(len(loads)), key=lambda r: loads[r].num_running + loads[r].num_queued)
-        receiver, giver = order[0], order[-1]
-        if receiver == giver or loads[receiver].num_queued or loads[receiver].free_slots <= 0:
+        if all(load.num_running + load.num_queued >= self.config.max_num_seqs for load in self._loads):
+            return {}  # no rank has a slot to take anything
+        step_s = max(r.busy_s / r.num_forwards if r.num_forwards else 0.0 for r in self._rank_stats)
+        if step_s <= 0.0:
             return {}
-        count = 0
-        if loads[giver].num_queued:  # unstarted or suspended work waits there while a slot is free here
-            count = min(loads[giver].num_queued, loads[receiver].free_slots)
-        elif loads[giver].num_running - loads[receiver].num_running >= 2 and loads[receiver].num_running == 0:
-            count = min((loads[giver].num_running - loads[receiver].num_running) // 2, loads[receiver].free_slots)
-        if count <= 0:
-            return {}
-        movable = sum(1 for rid, r in self._rank_of.items() if r == giver and self._moves.get(rid, 0) < _MAX_RANK_MOVES)
-        commands[giver].export_count = min(count, movable)
-        return {giver: receiver} if commands[giver].export_count else {}
-
-    def _apply(self, result: StepResult, now: float) -> list[Sequence]:
-        """Mirror one rank's answer into the caller's sequences."""
-        for rid in result.started:
-            seq = self._live.get(rid)
-            if seq is not None and seq.first_token_s is None:
-                seq.first_token_s = now
-        finished = []
-        for done in result.finished:
-            seq = self._live.pop(done.request_id, None)
-            self._rank_of.pop(done.request_id, None)
-            self._moves.pop(done.request_id, None)
-            if seq is None:
+        for rid in [rid for rid in self._published if rid not in self._rank_of]:
+            del self._published[rid]  # finished or exported
+        ranks = [self._rank_progress(rank, step_s) for rank in range(len(commands))]
+        model, targets, busy = StepModel(step_s, 0.0), {}, set()
+        for giver in sorted(range(len(ranks)), key=lambda r: -finish_s(
+                [p.max_tokens - p.num_generated for p in ranks[r].seqs], ranks[r].run_slots, model)):
+            receivers = [r for r in range(len(ranks)) if r != giver and r not in busy]
+            if giver in busy or not receivers:
                 continue
-            seq.output_token_ids = list(done.output_token_ids)
-            seq.stop_text_len = done.stop_text_len
-            seq.num_cached_tokens = done.num_cached_tokens
-            seq.logprobs, seq.prompt_logprobs = done.logprobs, done.prompt_logprobs
-            if seq.first_token_s is None and seq.output_token_ids:
-                seq.first_token_s = now
-            seq.finish(done.finish_reason, now, error=done.error)
-            finished.append(seq)
-        return finished
+            plan = plan_moves(ranks[giver], [ranks[r] for r in receivers], None, model)
+            if not plan.moves:
+                continue
+            first = plan.moves[0].receiver  # one receiver per giver and step: the one served first
+            moves = [m for m in plan.moves if m.receiver == first]
+            # One rank's rates decide for all its started sequences alike (``WorkerProgress.ships_kv``).
+            commands[giver].export_ids = [m.request_id for m in moves]
+            commands[giver].export_with_kv = any(m.send_kv for m in moves)
+            targets[giver] = receivers[first]
+            busy |= {giver, receivers[first]}
+        return targets
 
-    def step_fields(self) -> dict:
-        results = self._last_results
-        return {
-            "num_running": sum(r.load.num_running for r in results),
-            "num_waiting": sum(r.load.num_queued for r in results) + len(self._unplaced),
-            "num_tokens": sum(r.num_tokens for r in results),
-            "num_sampled": sum(len(r.finished) for r in results),
-            "rank_tokens": [r.num_tokens for r in results],
-            "rank_step_s": [r.step_s for r in results],
-            "rank_comm_s": [r.comm_s for r in results],
-            **split_comm_time([r.comm_spans for r in results]),
-        }
+    def _rank_progress(self, rank: int, step_s: float) -> WorkerProgress:
+        """One rank as the move rule sees it: its requests (running, then suspended, then
+        waiting in arrival order), its slots, and what a move costs (one lockstep step, plus the
+        tokens' KV shipped between ranks or recomputed, at that rank's measured rates)."""
+        seqs = [SeqProgress(p.num_generated, p.max_tokens, p.num_tokens,
+                            started=p.status in (SequenceStatus.RUNNING, SequenceStatus.SUSPENDED),
+                            movable=self._moves.get(rid, 0) < _MAX_RANK_MOVES,
+                            running=p.status is SequenceStatus.RUNNING, request_id=rid)
+                for rid, p in self._published.items() if self._rank_of.get(rid) == rank]
+        seqs.sort(key=lambda s: (not s.running, not s.started, s.request_id))
+        costs = MigrationCosts.of_stats(self._rank_stats[rank], self._kv_bytes_per_token,
+                                        RANK_TRANSFER_BYTES_PER_S, latency_s=step_s)
+        return WorkerProgress(self.config.max_num_seqs, tuple(seqs), move_s_per_token=costs.move_s_per_token(),
+                              move_latency_s=step_s, kv_s_per_token=costs.transfer_s(1))
+
+    def _report(self, results: list[StepResult]) -> StepReport:
+        extras = {}
+        if self.config.collect_timeline:
+            extras = {"rank_tokens": [r.num_tokens for r in results], "rank_step_s": [r.step_s for r in results],
+                      "rank_comm_s": [r.comm_s for r in results], **split_comm_time([r.comm_spans for r in results])}
+        return StepReport(num_running=sum(r.load.num_running for r in results),
+                          num_queued=sum(r.load.num_queued for r in results) + len(self._unplaced),
+                          num_tokens=sum(r.num_tokens for r in results),
+                          num_sampled=sum(r.num_sampled for r in results), extras=extras)
 
     # -- MIGRATE across engines --------------------------------------------------------------------
 
-    def export(self, seq: Sequence, with_kv: bool = False) -> SequenceState:
-        if seq.request_id not in self._live:
-            raise BatchGenError(f"only waiting, suspended or running sequences can be exported, not {seq.status.name}")
-        if seq in self._unplaced:
-            self._unplaced.remove(seq)
-            state = seq.export_state()
+    def export(self, request_id: int, with_kv: bool = False) -> SequenceState:
+        if request_id not in self._live:
+            raise BatchGenError(f"request {request_id} is not waiting, suspended or running here; "
+                                "only those can be exported")
+        unplaced = next((r for r in self._unplaced if r.request_id == request_id), None)
+        if unplaced is not None:
+            self._unplaced.remove(unplaced)
+            state = SequenceState(request_id, list(unplaced.prompt_token_ids), [], unplaced.params, unplaced.seed)
         else:
-            rank = self._rank_of[seq.request_id]
-            inbound = next((s for s in self._inbound[rank] if s.request_id == seq.request_id), None)
+            rank = self._rank_of[request_id]
+            inbound = next((s for s in self._inbound[rank] if s.request_id == request_id), None)
             if inbound is not None:  # between ranks right now: hand on the state it travels with
                 self._inbound[rank].remove(inbound)
                 state = inbound
             else:
                 commands = [RankCommand(step=False) for _ in range(self.config.expert_parallel_size)]
-                commands[rank].export_ids, commands[rank].export_with_kv = [seq.request_id], with_kv
+                commands[rank].export_ids, commands[rank].export_with_kv = [request_id], with_kv
                 state = self.group.step(commands)[rank].exported[0]
-        del self._live[seq.request_id]
-        self._rank_of.pop(seq.request_id, None)
-        seq.transition(SequenceStatus.EXPORTED)
+        self._live.discard(request_id)
+        self._rank_of.pop(request_id, None)
         return state
 
-    def import_state(self, state: SequenceState, request_id: int) -> Sequence:
-        """Continue ``state`` as request ``request_id``, on the rank with the fewest tokens left."""
-        seq = Sequence(request_id, list(state.prompt_token_ids), state.params, state.seed, arrival_s=self._clock())
-        seq.output_token_ids = list(state.output_token_ids)
+    def import_state(self, state: SequenceState, request_id: int) -> RequestProgress:
+        """Continue ``state`` as request ``request_id``, on the rank with the fewest tokens left.
+        Its progress until that rank publishes (after its next step): queued as a scheduler
+        queues an import (waiting if it has generated nothing, else suspended)."""
         state = dataclasses.replace(state, request_id=request_id)
         rank = min(range(len(self._loads)), key=lambda r: (self._loads[r].tokens_left, r))
         self._inbound[rank].append(state)
         self._rank_of[request_id] = rank
-        self._live[request_id] = seq
-        return seq
+        self._live.add(request_id)
+        num_generated = len(state.output_token_ids)
+        status = SequenceStatus.SUSPENDED if num_generated else SequenceStatus.WAITING
+        return RequestProgress(request_id, status, num_generated, state.params.max_tokens,
+                               len(state.prompt_token_ids) + num_generated)
 
     # -- stats and lifetime ------------------------------------------------------------------------
 

@@ -1,8 +1,12 @@
 """``InProcessExecutor``: one scheduler, KV pool and model runner in this process.
 
-NOTE: one ``step`` is schedule -> execute -> update: the scheduler picks the running set's work
-and pages (``SchedulerOutput``), the runner runs the forward and samples
-(``ModelRunnerOutput``), the scheduler applies it. Building one is a sequence of named phases:
+NOTE: one ``step`` is schedule -> execute -> update -> publish: the scheduler picks the running
+set's work and pages (``SchedulerOutput``), the runner runs the forward and samples
+(``ModelRunnerOutput``), the scheduler applies it, and the executor publishes what the engine's
+request handles show (``ExecutorStep``): progress of the records that ran or changed status
+(``ProgressPublisher``: O(running), never O(waiting)) and the finished ones as
+``FinishedRequest``s. It reads the scheduler's records and never writes them.
+Building one is a sequence of named phases:
 load the model (or one rank's shard of its experts), tune the GEMMs, plan the running set when
 experts stream, size the KV pool, then the scheduler and runner over it.
 """
@@ -17,14 +21,16 @@ from collections.abc import Callable
 import torch
 
 from batchgen_data.config import EngineConfig
-from batchgen_data.engine.core.block_manager import BlockManager
 from batchgen_data.engine.worker.model_runner import ModelRunner
 from batchgen_data.engine.worker.offload import OffloadPlan, OffloadStats, plan_offload, step_fetch_fields
-from batchgen_data.engine.core.runner_output import ModelRunnerOutput
-from batchgen_data.engine.core.scheduler import Scheduler, SchedulerOutput
+from batchgen_data.engine.core.progress import ProgressPublisher, RequestProgress
+from batchgen_data.engine.core.request import FinishedRequest, NewRequest
+from batchgen_data.engine.core.scheduler import Scheduler
 from batchgen_data.engine.core.sequence import EXPORTABLE, Sequence, SequenceState, SequenceStatus
+from batchgen_data.engine.executor.base import ExecutorStep
 from batchgen_data.engine.structured.manager import StructuredOutputManager
 from batchgen_data.engine.stats import EngineStats
+from batchgen_data.engine.step_report import StepReport
 from batchgen_data.errors import BatchGenError, ConfigError
 from batchgen_data.model import ModelConfig, MoEModel
 from batchgen_data.model.gemm_tuning import load_or_tune
@@ -54,7 +60,7 @@ class InProcessExecutor:
     Args:
         model_path: a resolved checkpoint folder.
         config: the engine's settings.
-        clock: seconds since the engine started (sequence timings).
+        clock: seconds since the engine started (when a request arrived or was imported).
         eos_token_ids, detokenize: the tokenizer's, for the stop rules.
         expert_shard: an expert-parallel rank's shard: load only its experts.
     """
@@ -76,21 +82,21 @@ class InProcessExecutor:
         max_model_len = resolve_max_model_len(config, self.model.config)
         num_blocks = _num_kv_blocks(config, running, max_model_len, block_bytes)
         self.kv_cache = self.model.new_kv_cache(num_blocks, config.block_size)
-        self.blocks = BlockManager(num_blocks, config.block_size)
         # Grammars for structured outputs (nothing is loaded until a constrained request comes).
         self.structured = StructuredOutputManager(model_path, self.model.config.vocab_size, eos_token_ids)
         self.scheduler = Scheduler(
             dataclasses.replace(config, max_num_seqs=running) if running != config.max_num_seqs else config,
-            self.blocks,
+            num_blocks,
             max_model_len,
             kv_bytes_per_token=block_bytes // config.block_size,
             eos_token_ids=eos_token_ids,
             detokenize=detokenize,
             structured=self.structured,
         )
+        self.blocks = self.scheduler.kv  # the KV manager: block counts for the engine and stats
         self.runner = ModelRunner(self.model, self.kv_cache, config.attention_batch_size)
         self._num_generated = 0
-        self._last: tuple[SchedulerOutput, ModelRunnerOutput] | None = None
+        self._publisher = ProgressPublisher()
         self._fetched_before = None
 
     # -- what the engine asks ----------------------------------------------------------------------
@@ -122,10 +128,10 @@ class InProcessExecutor:
 
     # -- work ----------------------------------------------------------------------------------------
 
-    def add(self, seq: Sequence) -> None:
-        self.scheduler.add(seq)
+    def add(self, request: NewRequest) -> None:
+        self.scheduler.add_request(request)
 
-    def step(self) -> list[Sequence]:
+    def step(self) -> ExecutorStep:
         store = self.streamed_store
         if store is not None and self.config.collect_timeline:
             self._fetched_before = dataclasses.replace(store.stats)
@@ -133,22 +139,21 @@ class InProcessExecutor:
         result = self.runner.execute(out)
         finished = self.scheduler.update(out, result, self._clock())
         self._num_generated += result.num_sampled
-        self._last = (out, result)
-        if not out.seqs and self.scheduler.has_unfinished() and not out.swap_out:
+        if not out.is_progress and self.scheduler.has_unfinished():
             # Nothing could run: only possible if a request can never fit, which the engine
             # rejects when it is added; fail loudly rather than spin.
             raise RuntimeError("scheduler made no progress with unfinished requests")
-        return finished
+        scheduler = self.scheduler
+        report = StepReport(num_running=scheduler.num_running, num_queued=scheduler.num_queued,
+                            num_tokens=out.num_tokens, num_sampled=result.num_sampled,
+                            extras=self._timeline_extras() if self.config.collect_timeline else {})
+        return ExecutorStep(self._publisher.publish(scheduler.running, scheduler.compiling),
+                            [FinishedRequest.of(seq) for seq in finished], report)
 
-    def step_fields(self) -> dict:
-        out, result = self._last
-        scheduler, runner = self.scheduler, self.runner.stats
+    def _timeline_extras(self) -> dict:
+        runner = self.runner.stats
         store = self.streamed_store
         return {
-            "num_running": scheduler.num_running,
-            "num_waiting": scheduler.num_queued,  # queued: waiting or suspended
-            "num_tokens": out.num_tokens,
-            "num_sampled": result.num_sampled,
             "tokens_per_expert_call": runner.last_tokens_per_expert_call,
             **{f"{name}_s": seconds for name, seconds in runner.last_module_s.items()},
             **dataclasses.asdict(runner.last_work),
@@ -159,10 +164,11 @@ class InProcessExecutor:
 
     # -- MIGRATE -----------------------------------------------------------------------------------
 
-    def export(self, seq: Sequence, with_kv: bool = False) -> SequenceState:
-        """Take a waiting, suspended or running sequence out (between steps). ``with_kv``
+    def export(self, request_id: int, with_kv: bool = False) -> SequenceState:
+        """Take a waiting, suspended or running request out (between steps). ``with_kv``
         carries the KV it has computed (read out of its pages, or its host copy when suspended
         by swapping); without it the importing engine recomputes the KV from the tokens."""
+        seq = self._find(request_id)
         if seq.status not in EXPORTABLE:
             raise BatchGenError(f"only waiting, suspended or running sequences can be exported, not {seq.status.name}")
         kv = None
@@ -170,8 +176,17 @@ class InProcessExecutor:
             kv = self.runner.read_kv(seq)
         return self.scheduler.export(seq, with_kv, kv)
 
-    def import_state(self, state: SequenceState, request_id: int) -> Sequence:
-        return self.scheduler.import_state(state, request_id, self._clock())
+    def _find(self, request_id: int) -> Sequence:
+        seq = self.scheduler.find(request_id)
+        if seq is None:
+            raise BatchGenError(f"request {request_id} is not waiting, suspended or running here; "
+                                "only those can be exported")
+        return seq
+
+    def import_state(self, state: SequenceState, request_id: int) -> RequestProgress:
+        seq = self.scheduler.import_state(state, request_id, self._clock())
+        self._publisher.watch(seq)
+        return RequestProgress.of(seq)
 
     # -- stats and lifetime ------------------------------------------------------------------------
 

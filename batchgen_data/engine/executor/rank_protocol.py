@@ -2,7 +2,8 @@
 
 One ``RankCommand`` goes to every rank per driver step and every rank answers with one
 ``StepResult``: that is the lockstep — each command with ``step=True`` makes every rank run
-exactly one forward, whose MoE layers meet in their all-to-alls.
+exactly one forward, whose MoE layers meet in their all-to-alls. Requests travel as the engine
+core's plain records: ``NewRequest`` in, ``RequestProgress`` and ``FinishedRequest`` out.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import pickle
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
-from batchgen_data.engine.sampling_params import SamplingParams
+from batchgen_data.engine.core.progress import RequestProgress
+from batchgen_data.engine.core.request import FinishedRequest, NewRequest
 from batchgen_data.engine.core.sequence import SequenceState
 from batchgen_data.engine.stats import RankStats
 
@@ -39,36 +41,13 @@ class RankReady:
 
 
 @dataclass(slots=True)
-class NewSequence:
-    """A validated, tokenized request (the driver tokenizes, assigns ids and seeds)."""
-
-    request_id: int
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    seed: int
-
-
-@dataclass(slots=True)
 class RankCommand:
-    add: list[NewSequence] = field(default_factory=list)
+    add: list[NewRequest] = field(default_factory=list)
     imports: list[SequenceState] = field(default_factory=list)  # MIGRATE in, request ids kept
-    export_count: int = 0  # MIGRATE out up to this many (unstarted first, then worth moving)
-    export_ids: list[int] = field(default_factory=list)  # MIGRATE out these (the caller asked)
-    export_with_kv: bool = False  # for ``export_ids``
+    export_ids: list[int] = field(default_factory=list)  # MIGRATE out exactly these (a plan, or the caller)
+    export_with_kv: bool = False  # their KV travels with them
     step: bool = True  # run one forward (every rank gets the same value)
     shutdown: bool = False
-
-
-@dataclass(slots=True)
-class FinishedSequence:
-    request_id: int
-    output_token_ids: list[int]
-    finish_reason: str
-    error: str | None
-    stop_text_len: int | None
-    num_cached_tokens: int | None = None
-    logprobs: list | None = None  # TokenLogprobs per output token, when asked
-    prompt_logprobs: list | None = None
 
 
 @dataclass(slots=True)
@@ -84,12 +63,14 @@ class RankLoad:
 @dataclass(slots=True)
 class StepResult:
     rank: int
-    finished: list[FinishedSequence]
-    started: list[int]  # request ids that sampled their first token in this step
+    finished: list[FinishedRequest]
+    # Requests imported, or that ran or changed status, in this step (``ProgressPublisher``).
+    progress: list[RequestProgress]
     exported: list[SequenceState]
     load: RankLoad
     stats: RankStats
     num_tokens: int  # forward tokens this step (0: it joined with a zero-token forward)
+    num_sampled: int  # tokens sampled this step
     step_s: float
     comm_s: float  # of which exchanging tokens
     comm_spans: list[tuple[float, float]] = field(default_factory=list)  # (arrived, left) per collective

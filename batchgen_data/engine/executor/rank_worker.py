@@ -7,15 +7,16 @@ then serves ``RankCommand`` s until told to shut down or its driver goes away (e
 the socket), and exits on any error after reporting it.
 
 NOTE: the loop. Each command: MIGRATE out what was asked (between steps), add the new and
-imported sequences, run one executor step — a zero-token forward when this rank has nothing,
-so the other ranks' all-to-alls never wait on it — and answer with the finished sequences, the
-first tokens, the load and the counters.
+imported requests, run one executor step — a zero-token forward when this rank has nothing,
+so the other ranks' all-to-alls never wait on it — and answer with what its executor published
+(the progress of the requests imported, or that ran or changed status, and the finished ones),
+the load and the counters. The rank keeps each live request's last published progress: what
+its load and its MIGRATE choices read; the records stay in its scheduler.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 import sys
@@ -26,7 +27,6 @@ from multiprocessing.connection import Connection
 
 from batchgen_data.engine.executor.in_process import InProcessExecutor
 from batchgen_data.engine.executor.rank_protocol import (
-    FinishedSequence,
     RankCommand,
     RankFailure,
     RankLoad,
@@ -37,14 +37,11 @@ from batchgen_data.engine.executor.rank_protocol import (
     send,
 )
 from batchgen_data.engine.executor.rank_resources import peak_rss_bytes, pin_to_cpus
-from batchgen_data.engine.migration.costs import MigrationCosts, pick_to_move
-from batchgen_data.engine.core.sequence import EXPORTABLE, Sequence, SequenceState
+from batchgen_data.engine.core.progress import RequestProgress
+from batchgen_data.engine.core.sequence import EXPORTABLE, SequenceState
 from batchgen_data.engine.stats import RankStats
 from batchgen_data.engine.tokenizer import PromptTokenizer
 from batchgen_data.model.config import ModelConfig
-
-# Moving a sequence between ranks of one node: a pickled copy through a local socket.
-_RANK_TRANSFER_BYTES_PER_S = 1e9
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,7 +90,7 @@ class RankWorker:
         tokenizer = PromptTokenizer(setup.model_path, model_config.vocab_size, model_config.eos_token_ids)
         self.executor = InProcessExecutor(setup.model_path, config, self._now, tokenizer.eos_token_ids,
                                           tokenizer.decode, expert_shard=ExpertShard(setup.rank, setup.world_size))
-        self.live: dict[int, Sequence] = {}
+        self.live: dict[int, RequestProgress] = {}  # request id -> its last published progress
         self.num_migrated_in = self.num_migrated_out = 0
         self.busy_s = 0.0
 
@@ -117,58 +114,50 @@ class RankWorker:
     def run(self, command: RankCommand) -> StepResult:
         executor = self.executor
         exported = self._export(command)
+        published: list[RequestProgress] = []
         for new in command.add:
-            seq = Sequence(new.request_id, list(new.prompt_token_ids), new.params, new.seed, arrival_s=self._now())
-            self.live[seq.request_id] = seq
-            executor.add(seq)
+            executor.add(new)
+            self.live[new.request_id] = RequestProgress.of_new(new)
         for state in command.imports:
-            self.live[state.request_id] = executor.import_state(state, state.request_id)
+            progress = executor.import_state(state, state.request_id)
+            self.live[state.request_id] = progress
+            published.append(progress)
             self.num_migrated_in += 1
-        before = {rid for rid, seq in self.live.items() if seq.num_generated == 0}
         model = executor.model
         comm0, tokens0 = model.expert_comm_seconds(), executor.runner.stats.num_tokens
         model.take_comm_spans()  # only this step's collectives
         start = time.perf_counter()
-        finished = executor.step() if command.step else []
+        out = executor.step() if command.step else None
         step_s = time.perf_counter() - start
         self.busy_s += step_s if command.step else 0.0
-        for seq in finished:
-            del self.live[seq.request_id]
-        started = [rid for rid in before if rid in self.live and self.live[rid].num_generated > 0]
-        started += [s.request_id for s in finished if s.request_id in before and s.num_generated > 0]
+        if out is not None:
+            published += out.progress
+            self.live.update((p.request_id, p) for p in out.progress)
+            for done in out.finished:
+                del self.live[done.request_id]
         return StepResult(
             rank=self.rank,
-            finished=[FinishedSequence(s.request_id, list(s.output_token_ids), s.finish_reason or "error", s.error,
-                                       s.stop_text_len, s.num_cached_tokens, s.logprobs, s.prompt_logprobs)
-                      for s in finished],
-            started=started,
+            finished=[] if out is None else out.finished,
+            progress=published,
             exported=exported,
             load=self._load(),
             stats=self._stats(),
             num_tokens=executor.runner.stats.num_tokens - tokens0,
+            num_sampled=0 if out is None else out.report.num_sampled,
             step_s=step_s,
             comm_s=model.expert_comm_seconds() - comm0,
             comm_spans=model.take_comm_spans(),
         )
 
     def _export(self, command: RankCommand) -> list[SequenceState]:
-        """MIGRATE out: the ids asked for, then up to ``export_count`` sequences picked by the
-        same rule as across actors (``pick_to_move`` with ``MigrationCosts``)."""
-        executor = self.executor
+        """MIGRATE out exactly the ids asked for (the driver's plan: ``migration/planner.py``),
+        with their KV when ``export_with_kv``; one that finished meanwhile stays finished."""
         states = []
         for rid in command.export_ids:
-            seq = self.live.get(rid)
-            if seq is not None and seq.status in EXPORTABLE:
-                states.append(executor.export(seq, with_kv=command.export_with_kv))
+            progress = self.live.get(rid)
+            if progress is not None and progress.status in EXPORTABLE:
+                states.append(self.executor.export(rid, with_kv=command.export_with_kv))
                 del self.live[rid]
-        if command.export_count > 0:
-            stats = dataclasses.replace(executor.stats(), busy_s=self.busy_s)
-            step_s = stats.busy_s / stats.num_forwards if stats.num_forwards else 0.0
-            costs = MigrationCosts.of_stats(stats, executor.kv_bytes_per_token, _RANK_TRANSFER_BYTES_PER_S,
-                                            latency_s=step_s)
-            for seq in pick_to_move(list(self.live.values()), command.export_count, costs):
-                states.append(executor.export(seq, with_kv=costs.send_kv(seq.num_computed_tokens)))
-                del self.live[seq.request_id]
         self.num_migrated_out += len(states)
         return states
 

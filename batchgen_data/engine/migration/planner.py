@@ -1,0 +1,233 @@
+"""The one rule that decides what moves, between expert-parallel ranks and between actors.
+
+Both callers ask the same question: which of a busy worker's sequences should go to workers with
+empty running slots, and should each one's KV travel with it? The work pool asks it at the tail
+of a stage for an actor (``distributed/work_pool.py``: its load report, the stage's pooled step
+model, learned output lengths); an engine's expert-parallel executor asks it for a rank, once
+nothing new is being placed (``executor/expert_parallel.py``). The answer names the sequences
+(``Move``: request id, whether its KV travels, to which receiver), and the giver exports exactly
+those, so what is planned is what moves.
+
+The estimates come from what the workers measured, never from sequence counts alone:
+
+* **Remaining work of a sequence**: the tokens it has left under ``max_tokens``, lowered by the
+  output lengths the job has already seen (``lengths.OutputLengths``), where the caller has them.
+* **Step time**: a ``StepModel`` (``step_model.py``), ``step_s(n) = base_s + per_seq_s * n``.
+* **When each sequence ends** (``replay``): a worker's sequences run through its running slots in
+  order (running ones first), each waiting one starting as a slot frees, every step costing
+  ``step_s(sequences running)``; sequences moved in join the receiver's queue once the move is done.
+* **Cost of a move** (``MigrationCosts``, measured by the giver): a fixed latency plus, per token
+  of a started sequence, the cheaper of shipping its KV and recomputing it; the KV travels where
+  shipping is the cheaper one.
+
+NOTE: the rule. Candidates are the giver's queued sequences (waiting for a running slot, or for KV
+memory), the last to start first, then its running ones, the most tokens left first. Receivers are
+served soonest-finishing first; each takes the prefix of the candidates, at most its empty slots,
+that does not delay the later finish of giver and receiver and gains at least ``MIN_GAIN_FRACTION``
+net of the move's cost, measured on the work the move changes: moving queued sequences changes
+when they start, so they must finish that much sooner themselves; moving running ones changes the
+step cost on both sides, so the pair's later finish must drop that much. Among the prefixes that
+pass, the one with the earliest later finish wins (then the giver's earliest finish, then the least
+work left on it). So queued work goes to empty slots wherever that starts it clearly sooner, even
+where something else sets the finish; running work moves only where smaller steps pay for the
+move (a long tail on a CPU, never its last few tokens); and nothing moves back: after a move
+neither side can gain the margin again. Pure Python: the coordinator's process imports it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from batchgen_data.engine.core.progress import SeqProgress
+from batchgen_data.engine.migration.lengths import OutputLengths
+from batchgen_data.engine.migration.step_model import StepModel, StepSums
+
+# The moved sequences must finish at least this share sooner (hysteresis against estimation noise
+# and ping-pong).
+MIN_GAIN_FRACTION = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerProgress:
+    """A worker's load report (an actor's, sent with each lease call; or a rank's, built by its
+    engine's driver)."""
+
+    slots: int  # sequences its engine runs at once (max_num_seqs)
+    seqs: tuple[SeqProgress, ...] = ()  # running ones first, then suspended, then waiting
+    step: StepSums = field(default_factory=StepSums)
+    move_s_per_token: float = 0.0  # min(KV transfer, recompute) per token, from its engine's rates
+    move_latency_s: float = 0.1  # fixed cost of one move: round trips and the receiver's poll
+    num_incoming: int = 0  # sequences leased that have not reached its engine yet
+    kv_s_per_token: float = math.inf  # shipping one token's KV (``MigrationCosts.transfer_s(1)``)
+
+    @property
+    def free_slots(self) -> int:
+        return max(0, self.slots - len(self.seqs) - self.num_incoming)
+
+    @property
+    def run_slots(self) -> int:
+        """Sequences its engine runs at once: ``slots``, or, while some are suspended for want of
+        KV memory, as many as it runs now (the rest wait for memory, not for a slot)."""
+        if any(s.started and not s.running for s in self.seqs):
+            return max(1, sum(1 for s in self.seqs if s.running))
+        return self.slots
+
+    @property
+    def ships_kv(self) -> bool:
+        """Its started sequences move with their KV (shipping beats recomputing it)."""
+        return self.kv_s_per_token <= self.move_s_per_token
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    request_id: int  # the giver's engine's id for the sequence
+    send_kv: bool  # its KV travels (else the receiver recomputes it from the tokens)
+    receiver: int  # index into the receivers ``plan_moves`` was given
+
+
+@dataclass(frozen=True, slots=True)
+class MovePlan:
+    moves: tuple[Move, ...] = ()
+    gain_s: float = 0.0  # estimated later finish of giver and receivers saved, net of the moves' cost
+    before_s: float = 0.0  # that later finish without moving
+    cost_s: float = 0.0  # the moves' estimated cost
+    missed_s: float = 0.0  # nothing moved: what the best move the margin refused would have saved
+
+    @property
+    def count(self) -> int:
+        return len(self.moves)
+
+    @property
+    def request_ids(self) -> list[int]:
+        return [m.request_id for m in self.moves]
+
+
+def replay(tokens_left: Sequence[float], slots: int, model: StepModel, arriving: Sequence[float] = (),
+           arrive_s: float = 0.0) -> list[float]:
+    """Seconds until each sequence ends: ``tokens_left`` in order through ``slots`` running slots
+    (the first ones run now, each next one starts as a slot frees), one token per running sequence
+    per step, each step costing ``model.step_s(running)``; ``arriving`` join the queue after
+    ``arrive_s`` seconds. End times of ``tokens_left``, then of ``arriving``."""
+    work = [max(1.0, t) for t in (*tokens_left, *arriving)]
+    ends_s = [0.0] * len(work)
+    if slots <= 0:
+        return ends_s
+    queue = deque(range(len(tokens_left)))
+    late = list(range(len(tokens_left), len(work)))
+    running: list[tuple[float, int]] = []  # (step count at which it ends, index)
+    step = seconds = 0.0
+
+    def start_waiting() -> None:
+        while queue and len(running) < slots:
+            i = queue.popleft()
+            heapq.heappush(running, (step + work[i], i))
+
+    start_waiting()
+    while running or queue or late:
+        step_s = model.step_s(len(running))
+        if late and (not running or seconds + (running[0][0] - step) * step_s > arrive_s):
+            if running:  # the running ones get this far before the moved ones arrive
+                step += (arrive_s - seconds) / step_s
+            seconds = max(seconds, arrive_s)
+            queue.extend(late)
+            late = []
+            start_waiting()
+            continue
+        end = running[0][0]
+        seconds += (end - step) * step_s
+        step = end
+        while running and running[0][0] <= step:
+            ends_s[heapq.heappop(running)[1]] = seconds
+        start_waiting()
+    return ends_s
+
+
+def finish_s(tokens_left: Sequence[float], slots: int, model: StepModel) -> float:
+    """Seconds until a worker finishes ``tokens_left`` (its running sequences first, in order)."""
+    return max(replay(tokens_left, slots, model), default=0.0)
+
+
+def plan_moves(giver: WorkerProgress, receivers: Sequence[WorkerProgress], lengths: OutputLengths | None,
+               model: StepModel | None, min_gain_fraction: float = MIN_GAIN_FRACTION) -> MovePlan:
+    """Which of ``giver``'s sequences go to which of ``receivers``, by the module's rule.
+
+    Args:
+        giver (WorkerProgress): the busy worker; only its ``movable`` sequences are candidates.
+        receivers (Sequence[WorkerProgress]): other workers; those without empty slots take nothing.
+        lengths (OutputLengths | None): learned output lengths; None plans by ``max_tokens``.
+        model (StepModel | None): step time by running sequences; None (nothing measured yet)
+            plans nothing.
+        min_gain_fraction (float, default ``MIN_GAIN_FRACTION``): how much sooner, as a share,
+            the moved sequences must finish.
+
+    Example:
+        >>> from batchgen_data.engine.core.progress import SeqProgress
+        >>> busy = WorkerProgress(2, tuple(SeqProgress(0, 64, 20, i < 2, running=i < 2, request_id=i)
+        ...                                for i in range(4)))
+        >>> [m.request_id for m in plan_moves(busy, [WorkerProgress(2)], None, StepModel(0.03, 0.0)).moves]
+        [3, 2]
+    """
+    targets = [j for j, r in enumerate(receivers) if r.free_slots > 0]
+    if model is None or not targets or not any(s.movable for s in giver.seqs):
+        return MovePlan()
+    left = [_tokens_left(s, lengths) for s in giver.seqs]
+    slots = giver.run_slots
+    queued = list(range(len(left) - 1, slots - 1, -1))  # the last to start first
+    running = sorted(range(min(slots, len(left))), key=lambda i: -left[i])
+    order = [i for i in queued + running if giver.seqs[i].movable]
+    work = {j: [_tokens_left(s, lengths) for s in receivers[j].seqs] for j in targets}
+    receiver_s = {j: finish_s(work[j], receivers[j].run_slots, model) for j in targets}
+    before = max([finish_s(left, slots, model), *receiver_s.values()])
+
+    def cost_s(ids: list[int]) -> float:
+        tokens = sum(giver.seqs[i].num_tokens for i in ids if giver.seqs[i].started)
+        return giver.move_latency_s + giver.move_s_per_token * tokens
+
+    staying, moves, after, total_cost, missed = list(range(len(left))), [], dict(receiver_s), 0.0, 0.0
+    for j in sorted(targets, key=receiver_s.__getitem__):
+        ends = dict(zip(staying, replay([left[i] for i in staying], slots, model)))
+        giver_now = max(ends.values(), default=0.0)
+        baseline = best = _score(max(giver_now, receiver_s[j]), giver_now, sum(left[i] for i in staying))
+        best_ids: list[int] = []
+        candidates = [i for i in order if i in ends]
+        for k in range(1, min(receivers[j].free_slots, len(candidates)) + 1):
+            chosen = candidates[:k]
+            kept = [i for i in staying if i not in chosen]
+            cost = cost_s(chosen)
+            landed = replay(work[j], receivers[j].run_slots, model, [left[i] for i in chosen], cost)
+            giver_s = finish_s([left[i] for i in kept], slots, model)
+            score = _score(max(giver_s, max(landed)), giver_s, sum(left[i] for i in kept))
+            if score >= best:
+                continue
+            if any(i < slots for i in chosen):  # running work: smaller steps must pay for the move
+                gain, whole = baseline[0] - score[0], baseline[0]
+            else:  # queued work: it must start (and so finish) clearly sooner
+                gain, whole = sum(ends[i] for i in chosen) - sum(landed[len(work[j]):]), sum(ends[i] for i in chosen)
+            if gain < min_gain_fraction * whole:
+                missed = max(missed, baseline[0] - score[0])  # it would help, but not by the margin
+                continue
+            best, best_ids, after[j] = score, chosen, max(landed)
+        if best_ids:
+            total_cost += cost_s(best_ids)
+            moves += [Move(giver.seqs[i].request_id, giver.ships_kv and giver.seqs[i].started, j) for i in best_ids]
+            staying = [i for i in staying if i not in best_ids]
+    if not moves:
+        return MovePlan(before_s=before, missed_s=missed)
+    after_s = max([finish_s([left[i] for i in staying], slots, model), *after.values()])
+    return MovePlan(tuple(moves), before - after_s, before, total_cost)
+
+
+def _score(*seconds: float) -> tuple[float, ...]:
+    """Estimates to compare, rounded to the nanosecond: a replay's float sums (a move's arrival
+    splits the same steps differently) must not make equal finish times differ."""
+    return tuple(round(x, 9) for x in seconds)
+
+
+def _tokens_left(seq: SeqProgress, lengths: OutputLengths | None) -> float:
+    if lengths is None:
+        return float(max(0, seq.max_tokens - seq.num_generated))
+    return lengths.tokens_left(seq.num_generated, seq.max_tokens)
