@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 _EXPORTS = {
     "BatchGenMap": "batchgen_data.operators.datasets_map",
     "BatchGenOperator": "batchgen_data.operators.ray_operator",
-    "OUTPUT_COLUMNS": "batchgen_data.operators.rows",
+    "OUTPUT_COLUMNS": "batchgen_data.operators.columns",
     "StageConfig": "batchgen_data.operators.rows",
 }
 __all__ = ["OUTPUT_COLUMNS", "BatchGenMap", "BatchGenOperator", "StageConfig"]
@@ -20,7 +20,8 @@ __all__ = ["OUTPUT_COLUMNS", "BatchGenMap", "BatchGenOperator", "StageConfig"]
 if TYPE_CHECKING:
     from batchgen_data.operators.datasets_map import BatchGenMap
     from batchgen_data.operators.ray_operator import BatchGenOperator
-    from batchgen_data.operators.rows import OUTPUT_COLUMNS, StageConfig
+    from batchgen_data.operators.columns import OUTPUT_COLUMNS
+    from batchgen_data.operators.rows import StageConfig
 
 
 def __getattr__(name: str):

@@ -1,8 +1,12 @@
 """Batches in the formats Ray Data and datasets hand over: pyarrow, pandas, numpy dicts, dicts of lists.
 
 ``to_columns`` reads any of them as a dict of Python lists; ``with_output_columns`` returns the
-same format with the output columns added under fixed types, so every batch has one schema, and
-without the reader's ``__input_error__`` column (its message is now in ``__inference_error__``).
+same format with the output columns added under their types (``columns.py``), so every batch has
+one schema, and without the reader's ``__input_error__`` column (its message is now in
+``__inference_error__``). A ``datasets`` batch (``Dataset.map``'s ``LazyBatch``) is read and
+returned as the Arrow table under it: a dict of lists would leave ``datasets`` to infer each
+column's type from its first batch's values (null when they are all null, and a later batch's
+values then fail to write).
 """
 
 from __future__ import annotations
@@ -12,39 +16,20 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from batchgen_data.operators.columns import LOGPROBS_TYPE, OUTPUT_SCHEMA, RAY_LLM_FORMS
 from batchgen_data.operators.rows import INPUT_ERROR_COLUMN
 
-# Logprobs: Ray Data LLM's rows hold, per position, {token_id: {logprob, rank, decoded_token}};
-# Arrow (and datasets, which has no map type) holds each position as a list of entries with
-# their token_id, the generated or prompt token first.
-LOGPROB_ENTRY = pa.struct([("token_id", pa.int64()), ("logprob", pa.float64()), ("rank", pa.int64()),
-                           ("decoded_token", pa.string())])
-LOGPROBS_TYPE = pa.list_(pa.list_(LOGPROB_ENTRY))
-LOGPROB_COLUMNS = ("logprobs", "prompt_logprobs")
-
-OUTPUT_SCHEMA = pa.schema(
-    [
-        ("generated_text", pa.string()),
-        ("generated_tokens", pa.list_(pa.int64())),
-        ("num_input_tokens", pa.int64()),
-        ("num_generated_tokens", pa.int64()),
-        ("num_cached_tokens", pa.int64()),
-        ("logprobs", LOGPROBS_TYPE),
-        ("prompt_logprobs", LOGPROBS_TYPE),
-        ("finish_reason", pa.string()),
-        ("time_taken_llm", pa.float64()),
-        ("__inference_error__", pa.string()),
-    ]
-)
+__all__ = ["LOGPROBS_TYPE", "OUTPUT_SCHEMA", "to_columns", "with_output_columns"]
 
 
 def to_columns(batch: Any) -> tuple[dict[str, list], int]:
     """Columns as Python-indexable sequences, and the row count."""
+    batch = _arrow_under(batch)
     if isinstance(batch, pa.Table):
         return {name: batch.column(name).to_pylist() for name in batch.column_names}, batch.num_rows
     if _is_pandas(batch):
         return {name: batch[name].tolist() for name in batch.columns}, len(batch)
-    if isinstance(batch, Mapping):  # dicts, and datasets' LazyBatch
+    if isinstance(batch, Mapping):  # dicts, and datasets' IterableDataset batches
         batch = {k: batch[k] for k in batch.keys()}
         lengths = {len(v) for v in batch.values()}
         if len(lengths) > 1:
@@ -55,14 +40,11 @@ def to_columns(batch: Any) -> tuple[dict[str, list], int]:
     raise TypeError(f"unsupported batch type {type(batch).__name__}: use pyarrow, pandas or a dict of columns")
 
 
-def with_output_columns(batch: Any, added: dict[str, Any], extra: list[pa.Field] = ()) -> Any:
-    """``batch`` plus the output columns (``OUTPUT_SCHEMA``, then the ``extra`` fields, such as
-    the typed ``generated_json``, whose values may be Arrow arrays), in the batch's own format."""
-    schema = [*OUTPUT_SCHEMA, *extra]
-    names = [field.name for field in schema]
-    ray_numpy = isinstance(batch, Mapping) and batch and all(isinstance(v, np.ndarray) for v in batch.values())
-    if not ray_numpy:  # Arrow-shaped values: logprob entries as lists (see LOGPROBS_TYPE)
-        added = {**added, **{name: [_entry_lists(row) for row in added[name]] for name in LOGPROB_COLUMNS}}
+def with_output_columns(batch: Any, added: dict[str, Any], schema: pa.Schema = OUTPUT_SCHEMA) -> Any:
+    """``batch`` plus the columns of ``schema`` (``columns.output_schema``), whose values
+    ``added`` holds (lists, or Arrow arrays of the column's type), in the batch's own format."""
+    names = schema.names
+    batch = _arrow_under(batch)
     if isinstance(batch, pa.Table):
         table = batch.drop_columns([c for c in (*names, INPUT_ERROR_COLUMN) if c in batch.column_names])
         for field in schema:
@@ -78,30 +60,38 @@ def with_output_columns(batch: Any, added: dict[str, Any], extra: list[pa.Field]
             frame[name] = typed[name].values
         return frame
     added = {k: v.to_pylist() if isinstance(v, pa.Array) else v for k, v in added.items()}
-    if ray_numpy:  # Ray Data's numpy batches: Ray Data LLM's dicts, kept as Python objects
+    if _is_ray_numpy(batch):  # Ray Data's numpy batches: Ray Data LLM's rows, Python objects
         out = {k: v for k, v in batch.items() if k != INPUT_ERROR_COLUMN}
         for field in schema:
-            values = added[field.name]
-            if pa.types.is_integer(field.type) and None not in values:
-                out[field.name] = np.asarray(values, dtype=np.int64)
-            elif pa.types.is_floating(field.type) and None not in values:
-                out[field.name] = np.asarray(values, dtype=np.float64)
-            else:
-                column = np.empty(len(values), dtype=object)
-                column[:] = values
-                out[field.name] = column
+            out[field.name] = _numpy_column(added[field.name], field, RAY_LLM_FORMS.get(field.name))
         return out
-    if isinstance(batch, Mapping):  # dicts, and datasets' LazyBatch
+    if isinstance(batch, Mapping):  # dicts, and datasets' IterableDataset batches
         kept = {k: batch[k] for k in batch.keys() if k != INPUT_ERROR_COLUMN}
         return {**kept, **{name: list(added[name]) for name in names}}
     raise TypeError(f"unsupported batch type {type(batch).__name__}")
 
 
-def _entry_lists(positions: list | None) -> list | None:
-    """One row's logprobs, ``{token_id: {...}}`` per position, as lists of entries."""
-    if positions is None:
-        return None
-    return [None if p is None else [{"token_id": t, **v} for t, v in p.items()] for p in positions]
+def _numpy_column(values: list, field: pa.Field, ray_llm_form) -> np.ndarray:
+    if ray_llm_form is not None:
+        values = [ray_llm_form(v) for v in values]
+    if pa.types.is_integer(field.type) and None not in values:
+        return np.asarray(values, dtype=np.int64)
+    if pa.types.is_floating(field.type) and None not in values:
+        return np.asarray(values, dtype=np.float64)
+    column = np.empty(len(values), dtype=object)
+    column[:] = values
+    return column
+
+
+def _is_ray_numpy(batch: Any) -> bool:
+    return isinstance(batch, Mapping) and bool(batch) and all(isinstance(v, np.ndarray) for v in batch.values())
+
+
+def _arrow_under(batch: Any) -> Any:
+    """A ``datasets`` ``LazyBatch``'s Arrow table (see module docstring); any other batch as is."""
+    if type(batch).__name__ == "LazyBatch" and isinstance(getattr(batch, "pa_table", None), pa.Table):
+        return batch.pa_table
+    return batch
 
 
 def _as_array(values: Any, type_: pa.DataType) -> pa.Array:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 
 import torch
-from batchgen_data.operators.rows import RowResult, StageConfig
+from batchgen_data.operators.columns import RowResult
+from batchgen_data.operators.rows import StageConfig
 from batchgen_data.operators.stage import finish_batch, prepare_batch
 
 from batchgen_data.engine.engine import Engine
@@ -41,11 +42,15 @@ class BatchGenMap:
     """A ``datasets.Dataset.map(batched=True)`` function adding the generated columns.
 
     Takes the same arguments as ``BatchGenOperator`` (``json_columns`` and the sampling defaults
-    included) and produces the same output columns. Reading files is ``datasets``' job
-    (``load_dataset("json", ...)`` stops at a malformed line); a row with a reason in
-    ``__input_error__`` becomes an error row with that message (``datasets`` keeps the input
-    columns a map does not return: pass ``remove_columns=["__input_error__"]`` to ``.map`` to
-    drop that one).
+    included) and produces the same output columns, under the same Arrow types
+    (``columns.py``). ``Dataset.map`` gets each batch back as an Arrow table, the input columns
+    (but ``__input_error__``) followed by the output columns: typed columns are what keep a
+    first batch of error rows, or of rows without logprobs, from giving a column the null type
+    that later batches cannot be written to. Being returned by the function, the input columns
+    stay even if named in ``.map(remove_columns=...)``: drop them with ``.remove_columns``
+    after the map. ``IterableDataset.map`` gets a dict of lists. Reading files is
+    ``datasets``' job (``load_dataset("json", ...)`` stops at a malformed line); a row with a
+    reason in ``__input_error__`` becomes an error row with that message.
     """
 
     def __init__(self, model: str = "demo", engine_config=None, prompt_column=None,

@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 
 from batchgen_data.operators.restart import exit_for_restart
-from batchgen_data.operators.rows import RowResult, StageConfig
+from batchgen_data.operators.columns import RowResult
+from batchgen_data.operators.rows import StageConfig
 from batchgen_data.operators.stage import PreparedBatch, finish_batch, prepare_batch
 from batchgen_data.operators.stats_report import write_stats_report
 
@@ -58,12 +59,12 @@ class BatchGenOperator:
             ``sampling_params`` (see ``StageConfig``); a row's ``sampling_params`` may carry
             ``structured_outputs`` or Ray Data LLM's ``guided_decoding``.
 
-    Output columns: ``generated_text``, ``generated_tokens``, ``num_input_tokens``,
-    ``num_generated_tokens``, ``num_cached_tokens`` (prompt tokens whose KV came from the prefix
-    cache), ``finish_reason``, ``time_taken_llm`` and ``__inference_error__``
-    (always present, null on success); with a default ``structured_outputs`` JSON schema for an
-    object, also ``generated_json``, typed from the schema (``json_column.py``). Every other column passes through; one output row per
-    input row, in input order.
+    Output columns: those of ``OUTPUT_TABLE`` (``columns.py``): ``generated_text``,
+    ``generated_tokens``, token counts, ``logprobs`` / ``prompt_logprobs``, ``finish_reason``,
+    ``time_taken_llm`` and ``__inference_error__`` (always present, null on success); with a
+    default ``structured_outputs`` JSON schema for an object, also ``generated_json``, typed from
+    the schema (``json_column.py``). Every other column passes through; one output row per input
+    row, in input order.
 
     Reading files is the reader's choice here: ``ray.data.read_json`` / ``read_csv`` stop the
     whole read at a malformed line or mixed types, as pyarrow does. The ``batchgen-data`` CLI
@@ -110,8 +111,8 @@ class BatchGenOperator:
         self._track(num_valid)
         try:
             results = await self._generate(prepared)
-        except EngineDeadError:
-            exit_for_restart()
+        except EngineDeadError as err:
+            exit_for_restart(err)
         finally:
             self._rows_in_flight -= num_valid
         output = finish_batch(prepared, results, self.config)

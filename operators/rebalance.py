@@ -50,7 +50,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 
 from batchgen_data.operators.restart import exit_for_restart
-from batchgen_data.operators.rows import RowResult
+from batchgen_data.operators.columns import RowResult
 
 from batchgen_data.distributed.coordinator import (
     NAMESPACE,
@@ -312,8 +312,8 @@ class RebalanceClient:
     async def _migrate_out(self, moves: list[Move]) -> int:
         try:
             return await self.engine.migrate_out(moves)
-        except EngineDeadError:
-            exit_for_restart()
+        except EngineDeadError as err:
+            exit_for_restart(err)
 
     async def _run_item(self, item: LeasedItem) -> None:
         try:
@@ -328,8 +328,8 @@ class RebalanceClient:
             state = None if item.state is None else pickle.loads(item.state)
             out = await self.engine.run_one(item.prompt, SamplingParams.from_dict(item.params), state=state,
                                             movable=item.movable)
-        except EngineDeadError:
-            exit_for_restart()
+        except EngineDeadError as err:
+            exit_for_restart(err)
         if isinstance(out, MigratedOut):  # taken away at the tail: the pool hands it on
             self.stats.migrated_out_bytes += _kv_bytes(out.state)
             try:

@@ -1,8 +1,10 @@
 """Row bookkeeping shared by every pipeline stage: rows in, requests out, one output row per row.
 
 The stage validates each row, tags it with its index in the batch, routes invalid rows to error
-rows, runs the valid ones through the engine, and restores input order. Output columns are always
-all present (``__inference_error__`` is null on success), so Parquet schemas stay stable.
+rows, runs the valid ones through the engine, and restores input order. A bad row is data: any
+value the row layer cannot turn into a request (the wrong type, an empty prompt, a string holding
+a lone surrogate, invalid sampling params) makes that row an error row naming the problem, never
+a failed batch. The output columns are ``columns.py``'s.
 """
 
 from __future__ import annotations
@@ -10,38 +12,28 @@ from __future__ import annotations
 import json
 import math
 import typing
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any
 
 from batchgen_data.config import EngineConfig
-from batchgen_data.engine.outputs import GenerationOutput
 from batchgen_data.engine.sampling_params import SamplingParams, normalize_structured_outputs
 from batchgen_data.engine.structured.params import StructuredOutputsParams
 from batchgen_data.engine.tokenizer import ChatPrompt, check_messages
+from batchgen_data.operators.columns import RowResult
+from batchgen_data.operators.surrogates import find_lone_surrogate
 from batchgen_data.errors import BatchGenError, ConfigError
 
 PROMPT_COLUMNS = ("prompt", "messages", "prompt_token_ids", "tokenized_prompt")  # the last: Ray Data LLM's name
 SAMPLING_PARAMS_COLUMN = "sampling_params"
-ERROR_COLUMN = "__inference_error__"
 # A reader's reason to reject a row (an unparseable line, invalid bytes): the row becomes an
 # error row with this message, and the column is not passed through (it would repeat the error).
 INPUT_ERROR_COLUMN = "__input_error__"
-OUTPUT_COLUMNS = (
-    "generated_text",
-    "generated_tokens",
-    "num_input_tokens",
-    "num_generated_tokens",
-    "num_cached_tokens",
-    "logprobs",
-    "prompt_logprobs",
-    "finish_reason",
-    "time_taken_llm",
-    ERROR_COLUMN,
-)
 # The stages' sampling defaults: vLLM's (``SamplingParams``), except that a batch job samples
 # greedily unless told otherwise, so rerunning it gives the same outputs.
 STAGE_SAMPLING_DEFAULTS = {**SamplingParams.defaults(), "temperature": 0.0}
 SAMPLING_FIELDS = tuple(STAGE_SAMPLING_DEFAULTS)
+# StageConfig fields holding text for the engine (a lone surrogate in one is a config error).
+_TEXT_FIELDS = ("prompt_template", "stop", "structured_outputs", "chat_template", "chat_template_kwargs")
 # Fields that hold ints (pandas hands nullable ints inside structs over as floats).
 _INT_FIELDS = frozenset(
     name
@@ -119,6 +111,11 @@ class StageConfig:
             raise ConfigError(f"chat_template must be a string, got {type(self.chat_template).__name__}")
         if self.chat_template_kwargs is not None and not isinstance(self.chat_template_kwargs, dict):
             raise ConfigError(f"chat_template_kwargs must be a dict, got {self.chat_template_kwargs!r}")
+        for name in _TEXT_FIELDS:
+            value = getattr(self, name)
+            found = find_lone_surrogate(asdict(value) if is_dataclass(value) else value)
+            if found is not None:
+                raise ConfigError(f"{found.describe(name)}: text must be valid Unicode")
         self.default_params()  # validate defaults eagerly: a bad default is a config error
 
     def default_params(self) -> SamplingParams:
@@ -133,50 +130,6 @@ class PreparedRow:
     prompt: Any = None
     params: SamplingParams | None = None
     error: str | None = None
-
-
-@dataclass(slots=True)
-class RowResult:
-    generated_text: str | None = None
-    generated_tokens: list[int] | None = None
-    num_input_tokens: int | None = None
-    num_generated_tokens: int | None = None
-    num_cached_tokens: int | None = None  # prompt tokens whose KV came from the prefix cache
-    # As Ray Data LLM gives them: per position {token_id: {"logprob", "rank", "decoded_token"}}
-    logprobs: list[dict] | None = None
-    prompt_logprobs: list[dict | None] | None = None
-    finish_reason: str | None = None
-    time_taken_llm: float | None = None
-    error: str | None = None
-
-    @classmethod
-    def from_output(cls, out: GenerationOutput) -> RowResult:
-        return cls(
-            generated_text=out.text if out.error is None else None,
-            generated_tokens=list(out.token_ids),
-            num_input_tokens=out.num_input_tokens,
-            num_generated_tokens=out.num_generated_tokens,
-            num_cached_tokens=out.num_cached_tokens if out.error is None else None,
-            logprobs=_plain_logprobs(out.logprobs),
-            prompt_logprobs=_plain_logprobs(out.prompt_logprobs),
-            finish_reason=out.finish_reason,
-            time_taken_llm=out.timings.finished_s,
-            error=out.error,
-        )
-
-    @classmethod
-    def failed(cls, error: str) -> RowResult:
-        return cls(finish_reason="error", generated_tokens=[], num_generated_tokens=0, error=error)
-
-
-def _plain_logprobs(positions: list | None) -> list | None:
-    """``GenerationOutput`` logprobs as plain data: ``{token_id: {"logprob", "rank",
-    "decoded_token"}}`` per position (``dataclasses.asdict`` of vLLM's ``Logprob``), None kept."""
-    if positions is None:
-        return None
-    return [None if entry is None else
-            {token: {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token}
-             for token, lp in entry.items()} for entry in positions]
 
 
 class RowError(BatchGenError, ValueError):
@@ -276,6 +229,8 @@ def _format_prompt(template: str, cells: _Cells, index: int) -> str:
         ) from None
     except (IndexError, ValueError) as err:
         raise RowError(f"prompt_template could not be filled: {err}") from None
+    if find_lone_surrogate(prompt) is not None:  # name the column it came from
+        _check_text(values, "")
     if not prompt.strip():
         raise RowError("prompt_template produced an empty prompt")
     return prompt
@@ -285,6 +240,7 @@ def _read_prompt(value: Any, column: str, config: StageConfig) -> Any:
     value = _to_python(value)
     if _is_null(value):
         raise RowError(f"missing prompt (column {column!r} is null)")
+    _check_text(value, column)
     is_chat = column == "messages" or (isinstance(value, list) and value and isinstance(value[0], dict))
     if is_chat:  # a conversation, never a raw prompt: a string here is an error, not a prompt
         try:
@@ -314,6 +270,7 @@ def _row_params(value: Any, defaults: SamplingParams) -> SamplingParams:
         return defaults
     if not isinstance(value, dict):
         raise RowError(f"sampling_params must be a dict, got {type(value).__name__}")
+    _check_text(value, SAMPLING_PARAMS_COLUMN)
     merged = defaults.to_dict()
     try:
         # Arrow structs give every key (null where a row did not set it): null means "default".
@@ -327,6 +284,14 @@ def _row_params(value: Any, defaults: SamplingParams) -> SamplingParams:
         return SamplingParams.from_dict(merged)
     except ConfigError as err:
         raise RowError(f"invalid sampling_params: {err}") from None
+
+
+def _check_text(value: Any, column: str) -> None:
+    """A string in ``value`` holding a lone surrogate (no tokenizer or Arrow column takes it)
+    makes the row an error row naming where."""
+    found = find_lone_surrogate(value)
+    if found is not None:
+        raise RowError(f"column {found.describe(column)}: text must be valid Unicode")
 
 
 def _drop_nulls(value: Any) -> Any:
@@ -364,22 +329,6 @@ def _to_python(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _to_python(v) for k, v in value.items()}
     return value
-
-
-def output_columns(results: list[RowResult]) -> dict[str, list]:
-    """The added columns, one entry per input row, in input order."""
-    return {
-        "generated_text": [r.generated_text for r in results],
-        "generated_tokens": [r.generated_tokens for r in results],
-        "num_input_tokens": [r.num_input_tokens for r in results],
-        "num_generated_tokens": [r.num_generated_tokens for r in results],
-        "num_cached_tokens": [r.num_cached_tokens for r in results],
-        "logprobs": [r.logprobs for r in results],
-        "prompt_logprobs": [r.prompt_logprobs for r in results],
-        "finish_reason": [r.finish_reason for r in results],
-        "time_taken_llm": [r.time_taken_llm for r in results],
-        ERROR_COLUMN: [r.error for r in results],
-    }
 
 
 def check_errors(rows: list[PreparedRow], results: list[RowResult], config: StageConfig) -> None:

@@ -14,18 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from batchgen_data.engine.sampling_params import SamplingParams
 import pyarrow as pa
 from batchgen_data.operators.batch_format import to_columns, with_output_columns
-from batchgen_data.operators.json_column import GENERATED_JSON_COLUMN, json_column_type, json_column_values
-from batchgen_data.operators.rows import (
-    PreparedRow,
-    RowResult,
-    StageConfig,
-    check_errors,
-    output_columns,
-    prepare_rows,
-)
+from batchgen_data.operators.columns import RowResult, output_schema, output_values
+from batchgen_data.operators.rows import PreparedRow, StageConfig, check_errors, prepare_rows
+
+from batchgen_data.engine.sampling_params import SamplingParams
 
 
 @dataclass(slots=True)
@@ -61,17 +55,12 @@ def finish_batch(prepared: PreparedBatch, results: list[RowResult], config: Stag
         for row in prepared.rows
     ]
     check_errors(prepared.rows, all_results, config)
-    added, typed = output_columns(all_results), []
-    schema = job_json_schema(config)
-    if schema is not None:  # the typed generated_json column
-        field = pa.field(GENERATED_JSON_COLUMN, json_column_type(schema))
-        added[field.name] = json_column_values(added["generated_text"], added["finish_reason"], field.type)
-        typed.append(field)
-    return with_output_columns(prepared.batch, added, typed)
+    schema = stage_output_schema(config)
+    return with_output_columns(prepared.batch, output_values(all_results, schema), schema)
 
 
-def job_json_schema(config: StageConfig) -> dict | None:
-    """The stage's default ``structured_outputs`` JSON schema when it describes an object: the
-    schema of the ``generated_json`` column."""
+def stage_output_schema(config: StageConfig) -> pa.Schema:
+    """The columns the stage adds to every batch (``columns.output_schema``): ``generated_json``
+    among them when the stage's default ``structured_outputs`` is a JSON schema for an object."""
     constraint = config.default_params().structured_outputs
-    return None if constraint is None else constraint.object_schema
+    return output_schema(None if constraint is None else constraint.object_schema)

@@ -46,3 +46,11 @@ def check_output_rows(rows: list[dict], reference: dict) -> None:
             assert row["num_input_tokens"] == ref.num_input_tokens
             assert row["num_generated_tokens"] == ref.num_generated_tokens
             assert row["finish_reason"] == ref.finish_reason
+
+
+def ray_llm_to_arrow_form(positions):
+    """One row's logprobs as Ray's numpy batches give them (Ray Data LLM's ``{token_id: {...}}``
+    per position) back in the column's Arrow form (lists of entries with their ``token_id``)."""
+    if positions is None:
+        return None
+    return [None if p is None else [{"token_id": t, **v} for t, v in p.items()] for p in positions]

@@ -10,6 +10,9 @@ from batchgen_data.errors import ConfigError
 
 # Most top tokens a request may ask for per position (vLLM's default max_logprobs).
 MAX_LOGPROBS = 20
+# Temperatures below this sample greedily (vLLM's _SAMPLING_EPS): a positive temperature that
+# rounds to 0 in the sampler's float32 would otherwise divide the logits by zero.
+SAMPLING_EPS = 1e-5
 # Ray Data LLM's name for ``structured_outputs`` (vLLM's before 0.10), accepted by ``from_dict``.
 GUIDED_DECODING_ALIAS = "guided_decoding"
 
@@ -20,7 +23,8 @@ class SamplingParams:
 
     Args:
         max_tokens (int, default 16): most tokens to generate; at least 1.
-        temperature (float, default 1.0): softmax temperature; ``0`` means greedy.
+        temperature (float, default 1.0): softmax temperature; ``0`` (or below 1e-5, as in vLLM)
+            means greedy.
         top_p (float, default 1.0): nucleus mass to keep, in (0, 1].
         top_k (int, default 0): keep the k most likely tokens; ``0`` or ``-1`` turn it off.
         seed (int | None, default None): per-request seed; the same prompt and seed give the
@@ -73,11 +77,14 @@ class SamplingParams:
             raise ConfigError(f"temperature must be a float >= 0, got {self.temperature!r}")
         if math.isnan(self.temperature) or self.temperature < 0:
             raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        self.temperature = float(self.temperature)
+        self.temperature = float(self.temperature) if self.temperature >= SAMPLING_EPS else 0.0
         if not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
             raise ConfigError(f"top_k must be an int >= -1 (-1 or 0 = off), got {self.top_k!r}")
+        for name in ("ignore_eos", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise ConfigError(f"seed must be an int or None, got {self.seed!r}")
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

@@ -31,7 +31,8 @@ from batchgen_data.jobs.files import (
 from batchgen_data.jobs.inputs import BadInput, discover_inputs, load_inputs
 from batchgen_data.jobs.progress import JobProgress
 from batchgen_data.jobs.readers import resolve_encoding
-from batchgen_data.operators.rows import ERROR_COLUMN, StageConfig
+from batchgen_data.operators.columns import ERROR_COLUMN
+from batchgen_data.operators.rows import StageConfig
 
 logger = logging.getLogger(__name__)
 

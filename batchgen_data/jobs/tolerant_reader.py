@@ -5,7 +5,10 @@ lines give none, as in pyarrow. A line that cannot be read (not a JSON object, a
 wrong number of fields) becomes a row of nulls whose ``__input_error__`` names the file, the line
 and the reason, with the line itself in ``__raw_input__``. A line with invalid bytes keeps its
 values, read with U+FFFD in place of each bad byte, and is marked with an error too. The text
-comes in decoded with "surrogateescape", so each bad byte is one lone surrogate.
+comes in decoded with "surrogateescape", so each bad byte is one lone surrogate. A JSON string
+escaping half of a UTF-16 pair on its own (``"\\ud83d"``, a cut emoji: valid JSON, but no text)
+is treated the same way: the line keeps its values, with U+FFFD in place of each lone surrogate,
+and is an error row naming the field.
 """
 
 from __future__ import annotations
@@ -20,9 +23,13 @@ import pyarrow as pa
 
 from batchgen_data.jobs.input_table import BAD_BYTES, InputTable, unique_names
 from batchgen_data.operators.rows import INPUT_ERROR_COLUMN
+from batchgen_data.operators.surrogates import (
+    REPLACEMENT,
+    find_lone_surrogate,
+    replace_lone_surrogates,
+)
 
 RAW_INPUT_COLUMN = "__raw_input__"
-REPLACEMENT = "\ufffd"
 
 
 @dataclass(slots=True)
@@ -45,14 +52,15 @@ def read_jsonl(text: str, file_name: str, encoding: str) -> InputTable:
         line = _line(number, raw, file_name, encoding)
         try:
             value = json.loads(line.raw)
+            if isinstance(value, dict):
+                _take_values(line, value, file_name)
+            else:
+                line.error = f"{file_name} line {number}: expected a JSON object, got {_json_kind(value)}"
         except json.JSONDecodeError as err:
             reason = err.msg.removesuffix(" at").removesuffix(" starting")  # "Unterminated string starting at"
             line.error = f"{file_name} line {number}: invalid JSON at column {err.colno}: {reason}"
-        else:
-            if isinstance(value, dict):
-                line.values = value
-            else:
-                line.error = f"{file_name} line {number}: expected a JSON object, got {_json_kind(value)}"
+        except RecursionError:  # arrays or objects nested some thousand levels deep
+            line.values, line.error = None, f"{file_name} line {number}: JSON nested too deeply to read"
         lines.append(line)
     names = list(dict.fromkeys(k for line in lines if line.values is not None for k in line.values))
     columns, json_columns = {}, set()
@@ -135,6 +143,16 @@ def _line(number: int, raw: str, file_name: str, encoding: str) -> Line:
     error = (f"{file_name} line {number}: invalid {encoding} bytes, read as U+FFFD replacement characters "
              f"(pass --encoding if the file is not {encoding})")
     return Line(number, _fix_bytes(raw), error=error)
+
+
+def _take_values(line: Line, values: dict, file_name: str) -> None:
+    """The line's values, repaired and marked as an error row if a string holds a lone surrogate
+    (which no Arrow column can hold)."""
+    found = find_lone_surrogate(values)
+    if found is not None:
+        values = replace_lone_surrogates(values)
+        line.error = line.error or f"{file_name} line {line.number}: field {found.describe()}, read as U+FFFD"
+    line.values = values
 
 
 def _fix_bytes(text: str) -> str:

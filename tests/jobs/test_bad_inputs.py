@@ -245,3 +245,34 @@ def test_sigint_then_rerun_gives_every_line_exactly_once(tmp_path):
     assert errors[81].startswith("in.jsonl line 82: invalid utf-8 bytes")
     assert [r["id"] for i, r in enumerate(rows) if i not in errors or i % 50 == 31] == [
         i for i in range(200) if i % 50 != 7]  # every good line once, in input order
+
+
+def test_a_lone_surrogate_spoils_only_its_row(tmp_path, capsys, reference):
+    """Half an emoji (issue #31): ``\\ud83d`` alone is valid JSON but no text; its row is an error
+    row with U+FFFD in its place, and every other row of the file runs."""
+    lines = [
+        '{"id": 0, "prompt": "Ticket 0: my parcel arrived late."}',
+        r'{"id": 1, "prompt": "broken emoji \ud83d here"}',
+        r'{"id": 2, "prompt": "a whole emoji \ud83d\ude00 is fine"}',
+        r'{"id": 3, "prompt": "Ticket 3: lost.", "sampling_params": {"stop": ["\udc00"]}}',
+        '{"id": 4, "prompt": "Ticket 4: broken."}',
+    ]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    code, stdout, _ = _run(capsys, tmp_path / "in.jsonl", tmp_path / "out")
+    assert code == 0 and "5 rows in 1 parts (0 already done), 2 error rows" in stdout
+    rows = _output(tmp_path / "out")
+    assert [r["id"] for r in rows] == [0, 1, 2, 3, 4]
+    half, stop = rows[1], rows[3]
+    assert half["__inference_error__"] == (
+        "in.jsonl line 2: field 'prompt' holds a lone surrogate \\ud83d (half of a UTF-16 pair, "
+        "such as a cut emoji), read as U+FFFD")
+    assert half["prompt"] == "broken emoji \ufffd here" and half["__raw_input__"] == lines[1]
+    assert half["generated_text"] is None and half["finish_reason"] == "error"
+    assert stop["__inference_error__"].startswith(
+        "in.jsonl line 4: field 'sampling_params.stop[0]' holds a lone surrogate \\udc00")
+    assert stop["sampling_params"] == {"stop": ["\ufffd"]}
+    good = [rows[i] for i in (0, 2, 4)]
+    assert good[1]["prompt"] == "a whole emoji \U0001f600 is fine"
+    expected = reference([r["prompt"] for r in good])
+    assert all(r["__inference_error__"] is None for r in good)
+    assert [r["generated_text"] for r in good] == [expected[r["prompt"]] for r in good]

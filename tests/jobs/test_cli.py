@@ -292,3 +292,17 @@ def test_logprobs_flags_fill_the_logprob_columns(tmp_path, fmt):
         assert [next(iter(e)) for e in entries] == row["generated_tokens"]
         assert all(len(e) in (2, 3) for e in entries)
         assert row["prompt_logprobs"][0] is None and len(row["prompt_logprobs"]) == row["num_input_tokens"]
+
+
+def test_an_engine_that_dies_in_a_local_job_is_a_clear_error_not_a_silent_exit(tmp_path, monkeypatch, capsys):
+    """Outside a Ray actor nobody restarts the process: the operator used to ``os._exit(1)`` on
+    engine death (right for a Ray actor), which killed a local CLI run without a message."""
+    from batchgen_data.engine.executor.in_process import InProcessExecutor
+
+    def broken_step(self):
+        raise RuntimeError("simulated kernel failure")
+
+    monkeypatch.setattr(InProcessExecutor, "step", broken_step)
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rows(3)))
+    assert main(["run", str(tmp_path / "in.jsonl"), str(tmp_path / "out"), *ENGINE_ARGS]) == 2
+    assert "simulated kernel failure" in capsys.readouterr().err

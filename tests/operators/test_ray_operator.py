@@ -181,7 +181,7 @@ def test_build_processor_rows_have_the_tables_columns(ray_cluster, demo_path):
     for name in OUTPUT_COLUMNS:
         values = [plain(row[name]) for row in rows]
         if name in RAY_LLM_FORMS:
-            assert isinstance(values[0][0], dict) and values[1] is None
+            assert all(isinstance(p, dict) for p in values[0][1:]) and values[1] is None
             values = [ray_llm_to_arrow_form(v) for v in values]
         pa.array(values, type=OUTPUT_SCHEMA.field(name).type)
     assert rows[1]["__inference_error__"] == "empty prompt in column 'prompt'" and rows[0]["__inference_error__"] is None

@@ -141,8 +141,10 @@ def test_a_cancelled_call_leaves_nothing_in_the_pool(ray_cluster, demo_path):
 
     async def job():
         call = asyncio.ensure_future(client.run_batch([f"Row {i}: a long note." for i in range(4)], params))
-        while not pool.leases:  # submitted and running
-            await asyncio.sleep(0.02)
+        started = time.monotonic()
+        while not pool.leases and not call.done() and time.monotonic() - started < 60.0:
+            await asyncio.sleep(0.02)  # until submitted and running (bounded: never hang the suite)
+        assert pool.leases and not call.done(), "the batch should be leased and running when cancelled"
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call

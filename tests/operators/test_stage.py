@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-from batchgen_data.operators.rows import RowError, RowResult, StageConfig, prepare_rows
+from batchgen_data.operators.columns import RowResult
+from batchgen_data.operators.rows import RowError, StageConfig, prepare_rows
 from batchgen_data.operators.stage import finish_batch, prepare_batch
 from stage_rows import BAD_ROWS, mixed_rows
 
 from batchgen_data import SamplingParams
+from batchgen_data.engine.outputs import GenerationOutput
 
 BAD_IDS = {r["id"] for r in BAD_ROWS}
 
 
 def _echo(prompt: str) -> RowResult:
     """What a fake engine answers for ``prompt``."""
-    return RowResult(generated_text=f"echo {prompt}", generated_tokens=[1, 2], num_input_tokens=3,
-                     num_generated_tokens=2, finish_reason="length", time_taken_llm=0.1)
+    return RowResult.from_output(GenerationOutput(request_id=0, token_ids=[1, 2], text=f"echo {prompt}",
+                                                  finish_reason="length", num_input_tokens=3,
+                                                  num_generated_tokens=2))
 
 
 @pytest.mark.parametrize("fmt", ["pyarrow", "dict"])

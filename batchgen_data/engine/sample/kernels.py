@@ -38,6 +38,8 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     if batch.all_greedy:
         return tokens
     idx = (batch.temperatures > 0.0).nonzero().squeeze(1)  # [n] rows that sample
+    if idx.numel() == 0:
+        return tokens
     scaled = logits[idx] / batch.temperatures[idx, None]  # [n, V]
     if batch.any_top_k:
         scaled = _apply_top_k(scaled, batch.top_ks[idx])
