@@ -159,7 +159,7 @@ def test_eos_stops_unless_ignored(reference):
     engine = Engine(folder, EngineConfig(block_size=8))
     # Make token 2 (eos) win by reading the model's own greedy choice and declaring it eos.
     first = engine.generate([prompts[1]], SamplingParams(max_tokens=1, temperature=0))[0].token_ids[0]
-    engine.executor.scheduler.eos_token_ids = frozenset({first})
+    engine.executor.scheduler.stops.eos_token_ids = frozenset({first})
     assert engine.generate([prompts[1]], SamplingParams(max_tokens=5, temperature=0))[0].finish_reason == "stop"
     out = engine.generate([prompts[1]], SamplingParams(max_tokens=5, temperature=0, ignore_eos=True))[0]
     assert out.finish_reason == "length" and out.num_generated_tokens == 5

@@ -27,8 +27,9 @@ Per-sequence Python work here is O(1) per step; page work happens once per page 
 
 The scheduler keeps policy; the KV manager (``kv_manager.py``) owns blocks and the prefix cache,
 the host pool (``host_pool.py``) the swapped KV's bytes. The scheduler alone writes its queues and
-its records' statuses and host KV, through its methods (``add``, ``schedule``, ``update``,
-``export``, ``import_state``, ``abort``); every status change goes through ``Sequence.transition``.
+its records' statuses and host KV, through its methods (``add``, ``schedule``, ``update``, and
+``export``, ``import_state``, ``abort`` in ``scheduler_migrate.py``); every status change goes
+through ``Sequence.transition``.
 """
 
 from __future__ import annotations
@@ -44,9 +45,10 @@ from batchgen_data.engine.core.host_pool import HostKVPool
 from batchgen_data.engine.core.kv_manager import KVCacheManager
 from batchgen_data.engine.core.request import NewRequest
 from batchgen_data.engine.core.runner_output import ModelRunnerOutput
-from batchgen_data.engine.core.scheduler_output import SchedulerOutput, SchedulerStats
-from batchgen_data.engine.core.sequence import Sequence, SequenceState, SequenceStatus
-from batchgen_data.engine.core.stop_rules import add_prompt_logprobs, stop_reason
+from batchgen_data.engine.core.scheduler_migrate import MigrateMethods
+from batchgen_data.engine.core.scheduler_output import SchedulerOutput, SchedulerStats, combine
+from batchgen_data.engine.core.sequence import Sequence, SequenceStatus
+from batchgen_data.engine.core.stop_rules import StopChecker, add_prompt_logprobs
 from batchgen_data.engine.core.suspend_policy import pick_victim, resume_order
 
 if TYPE_CHECKING:
@@ -55,7 +57,7 @@ if TYPE_CHECKING:
 S = SequenceStatus
 
 
-class Scheduler:
+class Scheduler(MigrateMethods):
     """Policy over one KV pool of ``num_blocks`` blocks (see the module NOTE)."""
 
     def __init__(
@@ -71,12 +73,10 @@ class Scheduler:
         self.config = config
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
                                  config.prefix_caching_hash_algo)
-        self.max_model_len = max_model_len
         self.kv_bytes_per_token = kv_bytes_per_token
         self.host = HostKVPool(config.swap_space_bytes, kv_bytes_per_token)
-        self.eos_token_ids = eos_token_ids
-        self.detokenize = detokenize
         self.grammars = GrammarGate(structured)
+        self.stops = StopChecker(eos_token_ids, max_model_len, detokenize, self.grammars)
         self.waiting: deque[Sequence] = deque()
         self.suspended: list[Sequence] = []
         self.running: list[Sequence] = []
@@ -142,22 +142,10 @@ class Scheduler:
             self.grammars.wait_any()  # nothing can run until a grammar compiles
             finished = self._poll_grammars()
             swap_in += self._refill()
-        budget = self.config.max_num_batched_tokens
-        seqs, query_lens, samples = [], [], []
-        # Decoders first (one token each), then prefill chunks in admission order.
-        for seq in self.running:
-            if seq.num_pending_tokens == 1:
-                seqs.append(seq), query_lens.append(1), samples.append(True)
-                budget -= 1
-        for seq in self.running:
-            pending = seq.num_pending_tokens
-            if pending > 1 and budget > 0:
-                chunk = min(pending, budget)
-                seqs.append(seq), query_lens.append(chunk), samples.append(chunk == pending)
-                budget -= chunk
-        out = SchedulerOutput(seqs, query_lens, samples, swap_out, swap_in, finished=finished)
+        out = SchedulerOutput(*combine(self.running, self.config.max_num_batched_tokens), swap_out, swap_in,
+                              finished=finished)
         if self.grammars.structured is not None:
-            sampling = [seq for seq, smp in zip(seqs, samples) if smp]
+            sampling = [seq for seq, smp in zip(out.seqs, out.samples) if smp]
             out.grammar_rows, out.grammar_bitmask = self.grammars.bitmask(sampling)
         return out
 
@@ -297,89 +285,10 @@ class Scheduler:
                 continue
             token = next(tokens)
             seq.append_token(token, next(logprobs, None), now_s)
-            error, complete = (None, False) if seq.structured is None else self.grammars.advance(seq, token)
-            reason = "error" if error is not None else stop_reason(seq, token, self.eos_token_ids,
-                                                                   self.max_model_len, self.detokenize)
-            if reason is None and complete:
-                reason = "stop"  # the grammar is complete: nothing but end-of-sequence could follow
+            reason, error = self.stops.check(seq, token)
             if reason is not None:
                 self.running.remove(seq)
                 self.kv.free(seq)
                 seq.finish(reason, now_s, error=error)
                 finished.append(seq)
         return finished
-
-    # -- errors and migration -------------------------------------------------------------------
-
-    def _take_out(self, seq: Sequence) -> None:
-        """Remove a queued or running sequence from its queue, freeing its pages and host KV."""
-        self.grammars.discard(seq)
-        if seq.status is S.RUNNING:
-            self._imported_kv = [(s, kv) for s, kv in self._imported_kv if s is not seq]
-            self.running.remove(seq)
-            self.kv.free(seq)
-        elif seq in self.suspended:
-            self.suspended.remove(seq)
-            if seq.host_kv is not None:
-                self.host.release(seq.num_computed_tokens)
-        elif seq.status in (S.WAITING, S.WAITING_FOR_GRAMMAR):
-            self.waiting.remove(seq)
-        else:
-            raise RuntimeError(f"sequence {seq.request_id} is {seq.status.name}: not in a queue")
-
-    def export(self, seq: Sequence, with_kv: bool = False, kv: Any = None) -> SequenceState:
-        """MIGRATE out: take a waiting, running or suspended sequence out of this scheduler and
-        return its portable state. ``kv`` is a running sequence's KV read out of its pages
-        (the caller's: reading pages needs the KV cache); a suspended one's host KV goes with it
-        when ``with_kv``."""
-        if seq.status is S.SUSPENDED and with_kv:
-            kv = seq.host_kv
-        self._take_out(seq)
-        seq.transition(S.EXPORTED)
-        seq.host_kv = None
-        seq.structured = None  # the importing engine replays the output tokens into a new matcher
-        return seq.export_state(kv if with_kv else None)
-
-    def import_state(self, state: SequenceState, request_id: int, now_s: float) -> Sequence:
-        """MIGRATE in: continue a sequence exported by another engine, as request ``request_id``.
-
-        One that has generated nothing waits like a new request; one mid-generation resumes like
-        a suspended one, through the swap-in path when ``state.kv`` holds its KV: at once, into
-        pages it gets now, when a running slot and the pages are free; else held in the host pool
-        until it resumes, if ``swap_space_bytes`` has room; else by recompute.
-        """
-        seq = Sequence.from_state(state, request_id, now_s)
-        if not seq.output_token_ids:
-            self.add(seq)
-            return seq
-        self.grammars.attach(seq)
-        if seq.status is S.WAITING:
-            seq.transition(S.SUSPENDED)
-        kv_tokens = 0 if state.kv is None else int(state.kv.shape[0])
-        if 0 < kv_tokens < seq.num_tokens:
-            seq.num_computed_tokens = kv_tokens
-            if self._admit_imported(seq, state.kv):
-                return seq
-            if self.host.reserve(kv_tokens):
-                seq.host_kv = state.kv
-            else:
-                seq.num_computed_tokens = 0  # no room for its KV anywhere: recomputed on resume
-        self.suspended.append(seq)
-        return seq
-
-    def _admit_imported(self, seq: Sequence, kv: Any) -> bool:
-        """Give an imported sequence with shipped KV pages now, if a slot and its pages are
-        free: the next step restores the KV into them (no host holding). One still waiting for
-        its grammar, or with no room, waits as suspended."""
-        if seq.status is not S.SUSPENDED or len(self.running) >= self.config.max_num_seqs:
-            return False
-        if not self._admit(seq, []):
-            return False
-        self._imported_kv.append((seq, kv))
-        self.stats.num_resumed_swap += 1
-        return True
-
-    def abort(self, seq: Sequence, reason: str, now_s: float) -> None:
-        """Finish a queued or running sequence with an error, freeing what it holds."""
-        self._take_out(seq)
-        seq.finish("error", now_s, error=reason)

@@ -1,4 +1,5 @@
-"""What the scheduler hands the model runner for one forward (``SchedulerOutput``) and its counters.
+"""What the scheduler hands the model runner for one forward (``SchedulerOutput``, built by
+``combine``) and its counters.
 No torch: plain lists of records and ints.
 """
 
@@ -51,3 +52,21 @@ class SchedulerStats:
     num_recomputed_tokens: int = 0
     num_prefix_query_tokens: int = 0  # tokens of sequences admitted while caching is on
     num_prefix_hit_tokens: int = 0  # of which found in the prefix cache (not computed)
+
+
+def combine(running: list[Sequence], budget: int) -> tuple[list[Sequence], list[int], list[bool]]:
+    """COMBINE the running set's pending work into one forward of at most ``budget`` tokens:
+    decoders first (one token each), then prefill chunks in admission order. Returns the
+    sequences, their query lengths, and whether each samples (all its pending tokens run)."""
+    seqs, query_lens, samples = [], [], []
+    for seq in running:
+        if seq.num_pending_tokens == 1:
+            seqs.append(seq), query_lens.append(1), samples.append(True)
+            budget -= 1
+    for seq in running:
+        pending = seq.num_pending_tokens
+        if pending > 1 and budget > 0:
+            chunk = min(pending, budget)
+            seqs.append(seq), query_lens.append(chunk), samples.append(chunk == pending)
+            budget -= chunk
+    return seqs, query_lens, samples

@@ -1,8 +1,10 @@
 """When a sequence stops, and the bookkeeping of its per-token outputs. No torch.
 
-``stop_reason`` applies vLLM's stop rules after each sampled token, in their order: end of
-sequence (unless ``ignore_eos``), ``stop_token_ids``, stop strings (found by detokenizing the
-tail, then cut where the first one starts), ``max_tokens`` and the context limit.
+``StopChecker.check`` decides after each sampled token: a token the grammar rejects is an
+error; then vLLM's stop rules in their order (``stop_reason``): end of sequence (unless
+``ignore_eos``), ``stop_token_ids``, stop strings (found by detokenizing the tail, then cut where
+the first one starts), ``max_tokens`` and the context limit; then a grammar that is complete
+(nothing but end-of-sequence could follow) stops the sequence.
 """
 
 from __future__ import annotations
@@ -11,11 +13,32 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from batchgen_data.engine.core.grammar_gate import GrammarGate
     from batchgen_data.engine.core.sequence import Sequence
 
 # Tokens decoded beyond the longest stop string when looking for one in a sequence's tail (a
 # stop string can start inside a token that also holds earlier text).
 _STOP_TAIL_SLACK_TOKENS = 8
+
+
+class StopChecker:
+    """The stop rules of one scheduler: the model's EOS ids, its context limit, the detokenizer
+    for stop strings, and the grammars of constrained sequences."""
+
+    def __init__(self, eos_token_ids: frozenset[int], max_model_len: int,
+                 detokenize: Callable[[list[int]], str] | None, grammars: GrammarGate):
+        self.eos_token_ids = eos_token_ids
+        self.max_model_len = max_model_len
+        self.detokenize = detokenize
+        self.grammars = grammars
+
+    def check(self, seq: Sequence, token: int) -> tuple[str | None, str | None]:
+        """(finish reason or None, error message or None) after ``token`` was appended."""
+        error, complete = (None, False) if seq.structured is None else self.grammars.advance(seq, token)
+        if error is not None:
+            return "error", error
+        reason = stop_reason(seq, token, self.eos_token_ids, self.max_model_len, self.detokenize)
+        return ("stop" if reason is None and complete else reason), None
 
 
 def stop_reason(seq: Sequence, token: int, eos_token_ids: frozenset[int], max_model_len: int,
