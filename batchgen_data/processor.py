@@ -20,12 +20,11 @@ and a ``sampling_params`` dict with vLLM's names.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchgen_data.config import EngineConfig
+from batchgen_data.engine_args import engine_config_fields, to_engine_config
 from batchgen_data.errors import ConfigError
 
 # Keys a stage's dict may hold (Ray Data LLM's per-stage configs); for the chat template stage,
@@ -40,9 +39,12 @@ class BatchGenProcessorConfig:
 
     Args:
         model_source (str, default "demo"): ``"demo"`` or a local checkpoint folder.
-        engine_kwargs (dict): ``EngineConfig`` fields (``max_num_seqs``, ``max_model_len``,
-            ``enable_prefix_caching``, ``expert_parallel_size``, ...); an unknown key is a
-            ``ConfigError`` naming it.
+        engine_kwargs (dict): vLLM's engine arguments (``enable_chunked_prefill``,
+            ``max_model_len``, ``enforce_eager``, ...) or ``EngineConfig`` fields
+            (``expert_parallel_size``, ...); each is mapped, accepted as a no-op or refused as in
+            ``engine_args.ENGINE_ARGS`` (docs/engine-kwargs.md). Any dict is accepted here, as in
+            Ray Data LLM; ``build_processor`` raises ``ConfigError`` for an unknown key or a value
+            this engine cannot honour, naming what to use instead.
         batch_size (int, default 32): rows per batch sent to an engine actor.
         concurrency (int | tuple[int, int], default 1): engine actors, a fixed count or a
             (min, max) autoscaling range.
@@ -81,11 +83,10 @@ class BatchGenProcessorConfig:
     rebalance: bool | None = None
 
     def __post_init__(self) -> None:
-        known = {f.name for f in dataclasses.fields(EngineConfig)}
-        unknown = sorted(set(self.engine_kwargs) - known)
-        if unknown:
-            raise ConfigError(f"unknown engine_kwargs {unknown}; EngineConfig takes {sorted(known)}")
-        EngineConfig(**self.engine_kwargs)  # its own validation
+        # engine_kwargs are checked by build_processor: Ray's docs declare configs (LoRA, tensor
+        # parallel) beside the one they run, and declaring one must not fail.
+        if not isinstance(self.engine_kwargs, dict):
+            raise ConfigError(f"engine_kwargs must be a dict, got {type(self.engine_kwargs).__name__}")
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ConfigError(f"batch_size must be an int >= 1, got {self.batch_size!r}")
         self.actor_range()  # validates concurrency
@@ -110,7 +111,7 @@ class BatchGenProcessorConfig:
         chat = _stage(self.chat_template_stage, "chat_template_stage", _CHAT_TEMPLATE_KEYS)
         kwargs: dict[str, Any] = {
             "model": chat.get("model_source") or self.model_source,
-            "engine_config": dict(self.engine_kwargs),
+            "engine_config": engine_config_fields(self.engine_kwargs, self.model_source),
             "should_continue_on_error": self.should_continue_on_error,
             "chat_template": chat.get("chat_template"),
             "chat_template_kwargs": chat.get("chat_template_kwargs"),
@@ -122,6 +123,10 @@ class BatchGenProcessorConfig:
             rebalance = self.actor_range()[1] > 1
         kwargs["rebalance"] = rebalance
         return kwargs
+
+
+# Ray Data LLM's name for this config: a pipeline switches by changing only its import.
+vLLMEngineProcessorConfig = BatchGenProcessorConfig
 
 
 class Processor:
@@ -180,6 +185,7 @@ def build_processor(config: BatchGenProcessorConfig, preprocess: Callable[[dict]
     """
     if not isinstance(config, BatchGenProcessorConfig):
         raise ConfigError(f"config must be a BatchGenProcessorConfig, got {type(config).__name__}")
+    to_engine_config(config.engine_kwargs, config.model_source)  # unknown or refused engine_kwargs fail here
     return Processor(config, preprocess, postprocess, preprocess_map_kwargs, postprocess_map_kwargs)
 
 

@@ -24,6 +24,7 @@ FLOORS = {
     "operators": 4,
     "jobs": 5,
     "processor": 5,  # Ray Data LLM's processor API over the operator
+    "engine_args": 5,  # vLLM's engine arguments (Ray Data LLM's engine_kwargs) as EngineConfig
 }
 
 
