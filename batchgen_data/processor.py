@@ -162,7 +162,8 @@ class Processor:
                                       batch_size=self.config.batch_size, batch_format="numpy",
                                       compute=pool, **options)
         if self.postprocess is not None:
-            dataset = dataset.map(self.postprocess, **self.postprocess_map_kwargs)
+            dataset = dataset.map(_PostprocessPassingErrors(self.postprocess, self.config.should_continue_on_error),
+                                  **self.postprocess_map_kwargs)
         return dataset
 
 
@@ -197,6 +198,27 @@ class _MergeInto:
 
     def __call__(self, row: dict) -> dict:
         return {**row, **self.fn(row)}
+
+
+class _PostprocessPassingErrors:
+    """Postprocess as Ray Data LLM applies it: an error row skips it and comes out whole, its
+    ``__inference_error__`` kept (a user's postprocess would drop the error or fail on the
+    missing outputs); a success row comes out as postprocess returns it, with
+    ``__inference_error__`` set to ``""`` when the job continues on errors (Ray's one schema)."""
+
+    def __init__(self, fn: Callable[[dict], dict], include_error_column: bool):
+        self.fn = fn
+        self.include_error_column = include_error_column
+
+    def __call__(self, row: dict) -> dict:
+        from batchgen_data.operators.columns import ERROR_COLUMN
+
+        if row.get(ERROR_COLUMN) not in (None, ""):
+            return row
+        result = self.fn(row)
+        if self.include_error_column:
+            result[ERROR_COLUMN] = ""
+        return result
 
 
 def _stage(value: bool | dict, name: str, keys: frozenset[str]) -> dict:
