@@ -23,7 +23,10 @@ from batchgen_data.operators.columns import RowResult
 from batchgen_data.operators.surrogates import find_lone_surrogate
 from batchgen_data.errors import BatchGenError, ConfigError
 
-PROMPT_COLUMNS = ("prompt", "messages", "prompt_token_ids", "tokenized_prompt")  # the last: Ray Data LLM's name
+# A row's prompt, in Ray Data LLM's order: ``messages`` render through the chat template and
+# replace ``prompt`` (Ray's chat-template stage overwrites it), and token ids given as
+# ``tokenized_prompt`` (Ray's name) or ``prompt_token_ids`` (vLLM's) are what the engine runs.
+PROMPT_COLUMNS = ("messages", "tokenized_prompt", "prompt_token_ids", "prompt")
 SAMPLING_PARAMS_COLUMN = "sampling_params"
 # A reader's reason to reject a row (an unparseable line, invalid bytes): the row becomes an
 # error row with this message, and the column is not passed through (it would repeat the error).
@@ -49,8 +52,9 @@ class StageConfig:
     Args:
         model (str, default "demo"): ``"demo"`` or a local checkpoint folder.
         engine_config (EngineConfig | dict | None): engine settings (a dict of its fields is fine).
-        prompt_column (str | None, default None): read prompts from this column instead of
-            ``prompt`` / ``messages`` / ``prompt_token_ids``.
+        prompt_column (str | None, default None): read prompts from this column instead of the
+            first of ``messages`` / ``tokenized_prompt`` / ``prompt_token_ids`` / ``prompt`` a row
+            has (Ray Data LLM's precedence).
         prompt_template (str | None, default None): build each row's prompt with
             ``prompt_template.format(**row)`` (``{column}`` placeholders) instead.
         should_continue_on_error (bool, default True): a bad row becomes an error row; False
@@ -140,9 +144,9 @@ def prepare_rows(columns: dict[str, list], num_rows: int, config: StageConfig) -
     """Validate each row and build its prompt and sampling params (errors become data).
 
     A row with a reason in ``__input_error__`` (set by the reader) is an error row with that
-    message. Without ``prompt_column``, each row reads the first of ``prompt`` / ``messages`` /
-    ``prompt_token_ids`` that it has (not null), so batches mixing rows of files with different
-    prompt columns work.
+    message. Without ``prompt_column``, each row reads the first of ``PROMPT_COLUMNS``
+    (``messages``, ``tokenized_prompt``, ``prompt_token_ids``, ``prompt``) that it has (not
+    null), so batches mixing rows of files with different prompt columns work.
     """
     defaults = config.default_params()
     input_errors = columns.get(INPUT_ERROR_COLUMN)
@@ -216,6 +220,8 @@ def _first_prompt(cells: _Cells, names: list[str], index: int) -> tuple[Any, str
         value = _to_python(cells.get(name, index))
         if not _is_null(value):
             return value, name
+    if len(names) > 1:
+        raise RowError(f"missing prompt (columns {', '.join(repr(n) for n in names)} are all null)")
     return None, names[0]
 
 

@@ -57,7 +57,18 @@ def test_each_row_reads_the_first_prompt_column_it_has():
     columns = {"prompt": ["text", None, None], "messages": [None, messages, None]}
     prepared = prepare_rows(columns, 3, StageConfig())
     assert [p.prompt for p in prepared[:2]] == ["text", messages]
-    assert prepared[2].error == "missing prompt (column 'prompt' is null)"
+    assert prepared[2].error == "missing prompt (columns 'messages', 'prompt' are all null)"
+
+
+def test_messages_replace_prompt_and_token_ids_win_as_in_ray_data_llm():
+    """Ray Data LLM renders ``messages`` and overwrites ``prompt`` (its quickstart's rows carry
+    both), and runs ``tokenized_prompt`` when a row has it: a row with both used to run the raw
+    ``prompt``, without the chat template."""
+    messages = [{"role": "user", "content": "Hi"}]
+    columns = {"prompt": ["raw text", "raw text", "raw text"], "messages": [messages, None, None],
+               "tokenized_prompt": [None, [5, 6, 7], None]}
+    prepared = prepare_rows(columns, 3, StageConfig())
+    assert [p.prompt for p in prepared] == [messages, [5, 6, 7], "raw text"]
 
 
 @pytest.mark.parametrize("fmt", ["pyarrow", "pandas", "numpy", "dict"])
