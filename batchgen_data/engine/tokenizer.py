@@ -67,6 +67,7 @@ class PromptTokenizer:
         if not hf.chat_template and chat_template is None:
             raise RequestError(f"the tokenizer in {str(self.folder)!r} has no chat template")
         check_messages(messages)
+        messages = normalize_messages(messages)
         try:
             # transformers 5: tokenize=True returns a dict with input_ids.
             out = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
@@ -96,14 +97,46 @@ def _load_hf_tokenizer(folder: Path):
 
 def check_messages(messages: Any) -> None:
     """Raise ``RequestError`` unless ``messages`` is a non-empty list of ``{role, content}``
-    objects with string values (a plain string is not a conversation)."""
+    objects: a string ``content``, or a list of OpenAI content parts of type ``"text"`` (a
+    plain string is not a conversation; image, audio and video parts are not supported)."""
     if isinstance(messages, str) or not isinstance(messages, (list, tuple)):
         raise RequestError(f"messages must be a list of {{role, content}} objects, got {type(messages).__name__}")
     if not messages:
         raise RequestError("messages must not be empty")
     for m in messages:
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise RequestError(f"each message needs string 'role' and 'content', got {m!r}")
+        _message_text(m)
+
+
+def normalize_messages(messages: list[dict]) -> list[dict]:
+    """Each message's content as one string: OpenAI text parts joined by newlines, as vLLM does
+    for chat templates that take string content."""
+    return [{**m, "content": _message_text(m)} for m in messages]
+
+
+def _message_text(message: dict) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, (list, tuple)) or not content:
+        raise RequestError(f"each message needs string 'role' and 'content', got {message!r}")
+    texts = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind in _MULTIMODAL_PARTS:
+            raise RequestError(f"multimodal input is not supported: a message has a {kind!r} content part "
+                               "(only text parts are)")
+        else:
+            raise RequestError(f"a message content part must be {{'type': 'text', 'text': str}}, got {part!r}")
+    return "\n".join(texts)
+
+
+# OpenAI / vLLM content-part types that carry media.
+_MULTIMODAL_PARTS = frozenset({"image_url", "image", "image_embeds", "input_audio", "audio_url", "audio",
+                               "video_url", "video", "file"})
 
 
 def _generation_config_eos(folder: Path) -> set[int]:

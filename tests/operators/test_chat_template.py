@@ -77,3 +77,21 @@ def test_cli_passes_the_kwargs(tmp_path, lengths):
         assert row["num_input_tokens"] == expected
     assert main(["run", str(tmp_path / "in.jsonl"), str(tmp_path / "bad"), "--chat-template-kwargs", "[1]",
                  "--no-progress"]) == 2
+
+
+def test_content_given_as_openai_text_parts_reads_as_text_and_media_parts_are_error_rows(demo_path):
+    """``content`` as a list of parts (the OpenAI format Ray Data LLM's docs use) is its text
+    parts joined; an image part is an error row saying multimodal input is not supported."""
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Is the parcel"}, {"type": "text", "text": "late?"}]}]
+    joined = [{"role": "user", "content": "Is the parcel\nlate?"}]
+    image = [{"role": "user", "content": [{"type": "text", "text": "what is this"},
+                                          {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]
+    prepared = prepare_rows({"messages": [parts, image]}, 2, StageConfig())
+    assert prepared[0].error is None
+    assert "multimodal input is not supported" in prepared[1].error and "image_url" in prepared[1].error
+    with Engine(demo_path, EngineConfig(max_num_seqs=4)) as engine:
+        params = SamplingParams(max_tokens=3, temperature=0)
+        [from_parts], [from_text] = engine.chat(parts, params), engine.chat(joined, params)
+        [bad] = engine.chat(image, params)
+    assert from_parts.prompt_token_ids == from_text.prompt_token_ids and from_parts.token_ids == from_text.token_ids
+    assert bad.finish_reason == "error" and "multimodal" in bad.error
