@@ -32,7 +32,7 @@ from batchgen_data.engine.core.sequence import EXPORTABLE, SequenceState, Sequen
 from batchgen_data.engine.output_builder import OutputBuilder
 from batchgen_data.engine.outputs import GenerationOutput
 from batchgen_data.engine.request_handle import RequestHandle
-from batchgen_data.engine.requests import pair_requests
+from batchgen_data.engine.requests import pair_requests, truncate_prompt
 from batchgen_data.engine.sampling_params import SamplingParams
 from batchgen_data.engine.stats import EngineStats
 from batchgen_data.engine.step_report import StepReport
@@ -105,7 +105,7 @@ class Engine:
             if not isinstance(params, SamplingParams):
                 raise ConfigError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
             params.verify()
-            request.prompt_token_ids = self.tokenizer.encode(prompt)
+            request.prompt_token_ids = truncate_prompt(self.tokenizer.encode(prompt), params, self.max_model_len)
             self._check_fits(request)
         except BatchGenError as err:  # never reaches an executor
             handle = self._new_handle(request, RequestProgress(

@@ -22,7 +22,7 @@ class OutputBuilder:
         finished in the step of its first token has that step's time as its first-token time)."""
         tokens = done.output_token_ids
         text = ""
-        if tokens:
+        if tokens and handle.params.detokenize:
             text = self.tokenizer.decode(tokens, handle.params.skip_special_tokens)
             if done.stop_text_len is not None:
                 text = text[: done.stop_text_len]

@@ -32,3 +32,13 @@ def pair_requests(prompts, sampling_params: SamplingParams | SequenceABC | None 
     if len(params) != len(prompts):
         raise ConfigError(f"got {len(params)} sampling params for {len(prompts)} prompts; pass one or one per prompt")
     return prompts, params
+
+
+def truncate_prompt(prompt_token_ids: list[int], params: SamplingParams, max_model_len: int) -> list[int]:
+    """``params.truncate_prompt_tokens``: the last k prompt tokens (vLLM's left truncation; -1:
+    as many as the context limit leaves room for one generated token)."""
+    k = params.truncate_prompt_tokens
+    if k is None:
+        return prompt_token_ids
+    keep = max_model_len - 1 if k == -1 else k
+    return prompt_token_ids[-keep:]

@@ -35,6 +35,14 @@ class SamplingParams:
             addition to the model's end-of-sequence tokens unless ``ignore_eos``).
         ignore_eos (bool, default False): keep generating past end-of-sequence tokens.
         skip_special_tokens (bool, default True): drop special tokens when decoding text.
+        spaces_between_special_tokens (bool, default True): vLLM's decoding option; it changes
+            only slow tokenizers' text, and every tokenizer here is a fast one.
+        include_stop_str_in_output (bool, default False): keep the stop string that ended the
+            output in its text.
+        detokenize (bool, default True): False returns token ids with an empty text (no stop
+            strings then, as in vLLM).
+        truncate_prompt_tokens (int | None, default None): keep only the last k prompt tokens
+            (left truncation); -1 keeps as many as the context limit allows.
         logprobs (int | None, default None): per generated token, return its log-probability and
             those of the ``logprobs`` most likely tokens (0: the generated token only), up to 20.
         prompt_logprobs (int | None, default None): the same for every prompt token after the
@@ -59,6 +67,10 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    detokenize: bool = True
+    truncate_prompt_tokens: int | None = None
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     structured_outputs: StructuredOutputsParams | None = None
@@ -82,7 +94,8 @@ class SamplingParams:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
             raise ConfigError(f"top_k must be an int >= -1 (-1 or 0 = off), got {self.top_k!r}")
-        for name in ("ignore_eos", "skip_special_tokens"):
+        for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
+                     "include_stop_str_in_output", "detokenize"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
@@ -91,6 +104,12 @@ class SamplingParams:
         if not all(isinstance(s, str) and s for s in stops):
             raise ConfigError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
         self._stop_strings = tuple(stops)
+        if stops and not self.detokenize:
+            raise ConfigError("stop strings need detokenize=True (they are found in the text), as in vLLM")
+        value = self.truncate_prompt_tokens
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value == 0 or value < -1):
+            raise ConfigError(f"truncate_prompt_tokens must be an int >= 1, -1 (the context limit) or None, "
+                              f"got {value!r}")
         ids = list(self.stop_token_ids or [])
         if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
             raise ConfigError(f"stop_token_ids must be non-negative ints, got {self.stop_token_ids!r}")

@@ -37,3 +37,35 @@ def test_a_non_bool_flag_is_a_config_error_not_a_failed_batch(engine, field):
     object.__setattr__(params, field, [])
     good, bad = engine.generate(["Hello", "0"], [SamplingParams(max_tokens=2), params])
     assert good.error is None and bad.finish_reason == "error" and field in bad.error
+
+
+def test_detokenize_false_gives_token_ids_and_an_empty_text_and_refuses_stop_strings(engine):
+    text = engine.generate(["Hello there"], SamplingParams(max_tokens=4, temperature=0))[0]
+    ids = engine.generate(["Hello there"], SamplingParams(max_tokens=4, temperature=0, detokenize=False))[0]
+    assert ids.token_ids == text.token_ids and text.text and ids.text == ""
+    with pytest.raises(ConfigError, match="detokenize"):
+        SamplingParams(stop=["x"], detokenize=False)
+
+
+def test_include_stop_str_in_output_keeps_the_stop_string_that_ended_the_text(engine):
+    full = engine.generate(["Tell me"], SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))[0].text
+    stop = full[len(full) // 2: len(full) // 2 + 2]
+    assert stop.strip(), full
+    cut = engine.generate(["Tell me"], SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, stop=stop))[0]
+    kept = engine.generate(["Tell me"], SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, stop=stop,
+                                                       include_stop_str_in_output=True))[0]
+    assert cut.finish_reason == kept.finish_reason == "stop"
+    assert cut.text == full[: full.find(stop)] and kept.text == cut.text + stop
+
+
+def test_truncate_prompt_tokens_keeps_the_last_tokens_of_the_prompt(engine):
+    prompt = list(range(100, 140))
+    out = engine.generate([prompt], SamplingParams(max_tokens=3, temperature=0, truncate_prompt_tokens=8))[0]
+    ref = engine.generate([prompt[-8:]], SamplingParams(max_tokens=3, temperature=0))[0]
+    assert out.prompt_token_ids == prompt[-8:] and out.num_input_tokens == 8 and out.token_ids == ref.token_ids
+    whole = engine.generate([prompt], SamplingParams(max_tokens=3, temperature=0, truncate_prompt_tokens=-1))[0]
+    assert whole.prompt_token_ids == prompt  # fits the context limit: nothing cut
+    for bad in (0, -2, 1.5):
+        with pytest.raises(ConfigError, match="truncate_prompt_tokens"):
+            SamplingParams(truncate_prompt_tokens=bad)
+    assert SamplingParams(spaces_between_special_tokens=False).spaces_between_special_tokens is False

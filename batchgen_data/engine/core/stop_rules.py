@@ -64,10 +64,11 @@ def _hits_stop_string(seq: Sequence, detokenize: Callable[[list[int]], str]) -> 
     if not any(s in tail for s in stops):
         return False
     text = detokenize(seq.output_token_ids)
-    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
-    if cut < 0:
+    hits = [(i, len(s)) for i, s in ((text.find(s), s) for s in stops) if i >= 0]
+    if not hits:
         return False
-    seq.stop_text_len = cut
+    cut, length = min(hits)  # the first stop string in the text (the shortest among equals: it ended first)
+    seq.stop_text_len = cut + length if seq.params.include_stop_str_in_output else cut
     return True
 
 
