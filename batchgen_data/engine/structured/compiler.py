@@ -95,17 +95,33 @@ class GrammarCompiler:
         return self._tokenizer
 
 
+def no_additional_properties(schema):
+    """``schema`` with ``additionalProperties: false`` on every object schema that does not set
+    it (vLLM's ``disable_additional_properties`` for its guidance backend)."""
+    if isinstance(schema, list):
+        return [no_additional_properties(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: no_additional_properties(value) for key, value in schema.items()}
+    if (schema.get("type") == "object" or "properties" in schema) and "additionalProperties" not in schema:
+        out["additionalProperties"] = False
+    return out
+
+
 def _to_llguidance(params: StructuredOutputsParams) -> str:
     """The constraint as an llguidance grammar (as vLLM's guidance backend writes it)."""
     import llguidance
 
     kind = params.kind
-    options = {"whitespace_flexible": not params.disable_any_whitespace}
+    options: dict = {"whitespace_flexible": not params.disable_any_whitespace}
+    if params.whitespace_pattern is not None:
+        options["whitespace_pattern"] = params.whitespace_pattern
     try:
-        if kind == "json":
-            return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(params.json), defaults=options)
-        if kind == "json_object":
-            return llguidance.LLMatcher.grammar_from_json_schema('{"type": "object"}', defaults=options)
+        if kind in ("json", "json_object"):
+            schema = params.json if kind == "json" else {"type": "object"}
+            if params.disable_additional_properties:
+                schema = no_additional_properties(schema)
+            return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=options)
         if kind == "regex":
             return llguidance.grammar_from("regex", params.regex)
         if kind == "choice":

@@ -15,9 +15,10 @@ from typing import Any
 from batchgen_data.errors import ConfigError
 
 CONSTRAINT_KINDS = ("json", "regex", "choice", "grammar", "json_object")
-# Fields of vLLM's GuidedDecodingParams that only choose among vLLM's own backends: accepted so a
-# Ray Data LLM row works as it is, and ignored (this engine has one grammar library).
-_BACKEND_FIELDS = ("backend", "disable_fallback", "disable_additional_properties", "whitespace_pattern")
+# Fields of vLLM's GuidedDecodingParams that choose among vLLM's own backends: accepted so a Ray
+# Data LLM row works as it is. This engine has one grammar library, so any ``backend`` is it and
+# ``disable_fallback`` holds by construction (there is nothing to fall back to).
+_BACKEND_FIELDS = ("backend", "disable_fallback")
 
 
 @dataclass(slots=True, frozen=True)
@@ -34,6 +35,11 @@ class StructuredOutputsParams:
         json_object (bool | None): any JSON object.
         disable_any_whitespace (bool, default False): JSON with no whitespace between tokens
             (shorter outputs; what a small model should use).
+        whitespace_pattern (str | None, default None): a regex for the whitespace JSON may hold
+            between tokens (``" ?"``: at most one space), as vLLM's.
+        disable_additional_properties (bool, default False): JSON objects whose schema does not
+            say otherwise take no properties beyond the listed ones (``additionalProperties:
+            false``), as vLLM's guidance backend.
 
     Example:
         >>> StructuredOutputsParams(choice=["positive", "negative"]).kind
@@ -46,6 +52,8 @@ class StructuredOutputsParams:
     grammar: str | None = None
     json_object: bool | None = None
     disable_any_whitespace: bool = False
+    whitespace_pattern: str | None = None
+    disable_additional_properties: bool = False
 
     def __post_init__(self) -> None:
         set_kinds = [k for k in CONSTRAINT_KINDS if getattr(self, k) not in (None, False)]
@@ -68,9 +76,18 @@ class StructuredOutputsParams:
             raise ConfigError(f"structured_outputs grammar must be a non-empty string, got {self.grammar!r}")
         if self.json_object not in (None, True):
             raise ConfigError(f"structured_outputs json_object must be true when given, got {self.json_object!r}")
-        if not isinstance(self.disable_any_whitespace, bool):
-            raise ConfigError(
-                f"structured_outputs disable_any_whitespace must be a bool, got {self.disable_any_whitespace!r}")
+        for name in ("disable_any_whitespace", "disable_additional_properties"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"structured_outputs {name} must be a bool, got {getattr(self, name)!r}")
+        if self.whitespace_pattern is not None and not isinstance(self.whitespace_pattern, str):
+            raise ConfigError(f"structured_outputs whitespace_pattern must be a regex string, got "
+                              f"{self.whitespace_pattern!r}")
+        if self.whitespace_pattern is not None and self.disable_any_whitespace:
+            raise ConfigError("structured_outputs: give whitespace_pattern or disable_any_whitespace, not both")
+        if (self.whitespace_pattern is not None or self.disable_additional_properties) and \
+                self.kind not in ("json", "json_object"):
+            raise ConfigError("structured_outputs whitespace_pattern and disable_additional_properties apply to "
+                              f"json and json_object, not {self.kind}")
 
     @property
     def kind(self) -> str:
@@ -81,7 +98,8 @@ class StructuredOutputsParams:
     def key(self) -> str:
         """The constraint as canonical text: equal constraints share one compiled grammar."""
         value = getattr(self, self.kind)
-        return json.dumps([self.kind, value, self.disable_any_whitespace], sort_keys=True, default=list)
+        return json.dumps([self.kind, value, self.disable_any_whitespace, self.whitespace_pattern,
+                           self.disable_additional_properties], sort_keys=True, default=list)
 
     @property
     def object_schema(self) -> dict | None:
@@ -95,8 +113,11 @@ class StructuredOutputsParams:
     def to_dict(self) -> dict:
         """The set fields as plain data (``from_value`` takes it back)."""
         out: dict[str, Any] = {self.kind: _plain(getattr(self, self.kind))}
-        if self.disable_any_whitespace:
-            out["disable_any_whitespace"] = True
+        for name in ("disable_any_whitespace", "disable_additional_properties"):
+            if getattr(self, name):
+                out[name] = True
+        if self.whitespace_pattern is not None:
+            out["whitespace_pattern"] = self.whitespace_pattern
         return out
 
     @classmethod
@@ -107,13 +128,12 @@ class StructuredOutputsParams:
             return value
         if not isinstance(value, dict):
             raise ConfigError(f"structured_outputs must be a dict or StructuredOutputsParams, got {type(value).__name__}")
-        known = set(CONSTRAINT_KINDS) | {"disable_any_whitespace"}
+        known = set(CONSTRAINT_KINDS) | {"disable_any_whitespace", "whitespace_pattern",
+                                         "disable_additional_properties"}
         unknown = sorted(set(value) - known - set(_BACKEND_FIELDS))
         if unknown:
             raise ConfigError(f"unknown structured_outputs field(s) {unknown}; known: {sorted(known)}")
         fields = {k: v for k, v in value.items() if k in known and v is not None}
-        if fields.get("disable_any_whitespace") is None:
-            fields.pop("disable_any_whitespace", None)
         return cls(**fields)
 
 
