@@ -116,8 +116,8 @@ class BatchGenProcessorConfig:
             "chat_template": chat.get("chat_template"),
             "chat_template_kwargs": chat.get("chat_template_kwargs"),
         }
-        if not chat.get("enabled", True):
-            kwargs["prompt_column"] = "prompt"  # no template: rows carry their prompt text
+        if not chat.get("enabled", True):  # no template: rows carry their prompt text or token ids
+            kwargs["apply_chat_template"] = False
         rebalance = self.rebalance
         if rebalance is None:
             rebalance = self.actor_range()[1] > 1

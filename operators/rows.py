@@ -76,6 +76,9 @@ class StageConfig:
             have no single Arrow type (a ``sampling_params`` that is a string in one row and an
             object in the next); each row is then validated on its real value. The columns pass
             through to the output as JSON text.
+        apply_chat_template (bool, default True): False reads no ``messages`` column (Ray Data
+            LLM's ``chat_template_stage`` disabled): a row's prompt is its ``tokenized_prompt``,
+            ``prompt_token_ids`` or ``prompt``.
 
     Example:
         >>> StageConfig(model="demo", max_tokens=64, json_columns=["sampling_params"]).json_columns
@@ -106,6 +109,7 @@ class StageConfig:
     chat_template: str | None = None
     chat_template_kwargs: dict | None = None
     json_columns: list[str] | None = None
+    apply_chat_template: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.engine_config, dict):
@@ -209,7 +213,8 @@ def _prompt_columns(columns: dict[str, list], config: StageConfig) -> list[str]:
                 f"prompt_column {config.prompt_column!r} not in the batch columns {sorted(columns)}"
             )
         return [config.prompt_column]
-    present = [name for name in PROMPT_COLUMNS if name in columns]
+    present = [name for name in PROMPT_COLUMNS if name in columns
+               and (config.apply_chat_template or name != "messages")]
     if not present:
         raise ConfigError(
             f"the batch has none of the prompt columns {list(PROMPT_COLUMNS)}; "

@@ -60,6 +60,22 @@ def test_each_row_reads_the_first_prompt_column_it_has():
     assert prepared[2].error == "missing prompt (columns 'messages', 'prompt' are all null)"
 
 
+def test_without_the_chat_template_stage_rows_run_their_prompt_or_token_ids():
+    """Ray Data LLM with ``chat_template_stage=False``: rows carry ``prompt`` or
+    ``tokenized_prompt`` (a batch of token-id rows used to fail whole: ``prompt_column 'prompt'
+    not in the batch columns``), and ``messages`` are not read."""
+    from batchgen_data import BatchGenProcessorConfig
+
+    kwargs = BatchGenProcessorConfig(model_source="demo", chat_template_stage=False).operator_kwargs()
+    assert kwargs["apply_chat_template"] is False and "prompt_column" not in kwargs
+    config = StageConfig(apply_chat_template=False)
+    token_rows = prepare_rows({"tokenized_prompt": [[5, 6, 7], [8, 9]]}, 2, config)
+    assert [p.prompt for p in token_rows] == [[5, 6, 7], [8, 9]]
+    messages = [{"role": "user", "content": "Hi"}]
+    mixed = prepare_rows({"messages": [messages], "prompt": ["raw text"]}, 1, config)
+    assert mixed[0].prompt == "raw text"
+
+
 def test_messages_replace_prompt_and_token_ids_win_as_in_ray_data_llm():
     """Ray Data LLM renders ``messages`` and overwrites ``prompt`` (its quickstart's rows carry
     both), and runs ``tokenized_prompt`` when a row has it: a row with both used to run the raw
