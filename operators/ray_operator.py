@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-from batchgen_data.operators.restart import exit_for_restart
+from batchgen_data.operators.restart import exit_for_restart, in_ray_actor
 from batchgen_data.operators.columns import RowResult
 from batchgen_data.operators.rows import StageConfig
 from batchgen_data.operators.stage import PreparedBatch, finish_batch, prepare_batch
@@ -84,7 +84,7 @@ class BatchGenOperator:
                                   json_columns=json_columns, chat_template=chat_template,
                                   chat_template_kwargs=chat_template_kwargs, **sampling_defaults)
         if rebalance is None:  # on inside a Ray actor (several actors share a pool), off elsewhere
-            rebalance = _in_ray_actor()
+            rebalance = in_ray_actor()
         coordinator = None
         if rebalance:  # the coordinator's process starts while this actor loads the model
             from batchgen_data.operators.rebalance import start_coordinator
@@ -156,12 +156,3 @@ class BatchGenOperator:
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.shutdown(timeout=1.0)
-
-
-def _in_ray_actor() -> bool:
-    try:
-        import ray
-
-        return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
-    except Exception:
-        return False

@@ -18,13 +18,14 @@ def exit_for_restart(err: BaseException) -> NoReturn:
     local run, a notebook calling the operator) there is nobody to restart the process: exiting
     would kill the caller without a word, so the error goes to the caller instead.
     """
-    if not _in_ray_actor():
+    if not in_ray_actor():
         raise err
     logger.critical("batchgen engine died; exiting the actor so Ray restarts it", exc_info=err)
     os._exit(1)
 
 
-def _in_ray_actor() -> bool:
+def in_ray_actor() -> bool:
+    """Whether this code runs inside a Ray actor (where Ray restarts a process that exits)."""
     try:
         import ray
 
