@@ -73,6 +73,15 @@ class EngineConfig:
             load (``stats().offload``). The budget must hold the dense weights plus one layer's
             top-k experts; the load error names that minimum. Not combinable with
             ``expert_parallel_size`` > 1.
+        enable_chunked_prefill (bool, default True): a prompt longer than what is left of a
+            step's token budget runs in chunks over several steps. False (vLLM's
+            ``enable_chunked_prefill=False``): a prompt runs whole in one step or waits, and the
+            token budget is raised to at least ``max_model_len``.
+        memory_utilization (float | None, default None): vLLM's ``gpu_memory_utilization``: the
+            share of the device's memory (GPU memory on CUDA, physical RAM on CPU) that weights
+            plus the KV pool may take. The KV pool is then at most that share less the resident
+            weights (never more than the running set needs: unlike vLLM, the pool is not grown to
+            fill the share); a share the weights already fill is a ``ConfigError``. None: no cap.
         enable_prefix_caching (bool, default True): rows whose prompts share a prefix share its
             KV (vLLM's automatic prefix caching): every full KV block is named by a hash of its
             tokens and its prefix, freed blocks keep their KV until the space is needed (least
@@ -111,6 +120,8 @@ class EngineConfig:
     weight_memory_bytes: int | None = None
     enable_prefix_caching: bool = True
     prefix_caching_hash_algo: str = "sha256"
+    memory_utilization: float | None = None
+    enable_chunked_prefill: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "attention_batch_size", "max_num_batched_tokens", "block_size", "expert_parallel_size"):
@@ -145,6 +156,9 @@ class EngineConfig:
         if self.prefix_caching_hash_algo not in PREFIX_CACHING_HASH_ALGOS:
             raise ConfigError(f"prefix_caching_hash_algo must be one of {PREFIX_CACHING_HASH_ALGOS}, "
                               f"got {self.prefix_caching_hash_algo!r}")
+        share = self.memory_utilization
+        if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1):
+            raise ConfigError(f"memory_utilization must be None or in (0, 1], got {share!r}")
         if self.expert_backend not in ("native", "deepspeed"):
             raise ConfigError(f"expert_backend must be 'native' or 'deepspeed', got {self.expert_backend!r}")
 

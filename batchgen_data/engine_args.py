@@ -103,22 +103,23 @@ def _expert_parallel(value: Any, kwargs: dict, model: str | None) -> dict:
 
 
 def _chunked_prefill(value: Any, kwargs: dict, model: str | None) -> dict:
-    """False: a whole prompt fits one step's token budget (vLLM's rule: budget >= max_model_len)."""
-    max_model_len = kwargs.get("max_model_len")
-    if value is not False or max_model_len is None:
+    """False: a prompt runs whole in one step; the token budget holds ``max_model_len``."""
+    if value is None:
         return {}
-    budget = kwargs.get("max_num_batched_tokens")
-    if budget is not None and budget < max_model_len:
+    max_model_len, budget = kwargs.get("max_model_len"), kwargs.get("max_num_batched_tokens")
+    if value is False and max_model_len is not None and budget is not None and budget < max_model_len:
         raise ConfigError(f"engine_kwargs max_num_batched_tokens ({budget}) is smaller than max_model_len "
                           f"({max_model_len}) with enable_chunked_prefill=False: raise it, or allow chunking")
-    return {"max_num_batched_tokens": max(budget or _default("max_num_batched_tokens"), max_model_len)}
+    return {"enable_chunked_prefill": bool(value)}
 
 
-def _fraction(name: str) -> Apply:
+def _fraction(name: str, field_name: str) -> Apply:
     def apply(value, kwargs, model):
+        if value is None:
+            return {}
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
             raise ConfigError(f"engine_kwargs {name} must be in (0, 1], got {value!r}")
-        return {}
+        return {field_name: float(value)}
     return apply
 
 
@@ -153,16 +154,16 @@ ENGINE_ARGS: tuple[EngineArg, ...] = (
     EngineArg("swap_space", _M, "`swap_space_bytes` = GiB * 2**30",
               "host pool for the KV of suspended sequences (resume by restoring, not recomputing)",
               _same("swap_space_bytes", _swap_gib)),
-    EngineArg("enable_chunked_prefill", _M, "False with `max_model_len`: `max_num_batched_tokens` >= "
-              "`max_model_len`", "True is this engine's way; False raises the token budget so a whole prompt "
-              "fits one step (a prompt may still share a step's budget and split)", _chunked_prefill),
+    EngineArg("enable_chunked_prefill", _M, "`enable_chunked_prefill`", "False: a prompt runs whole in one step "
+              "or waits (first come, first served), and the step's token budget is raised to max_model_len, as "
+              "vLLM's", _chunked_prefill),
     EngineArg("enable_expert_parallel", _M, "`expert_parallel_size` = tensor_parallel_size * data_parallel_size",
               "vLLM's expert-parallel group; here each rank also runs its own sequences (no tensor-parallel "
               "attention)", _expert_parallel),
+    EngineArg("gpu_memory_utilization", _M, "`memory_utilization`, in (0, 1]", "the share of device memory "
+              "(GPU memory; RAM on CPU) for weights + KV: the KV pool is at most that share less the weights, and "
+              "not grown past what the running set needs", _fraction("gpu_memory_utilization", "memory_utilization")),
     # NO_OP: accepted, nothing to do here
-    EngineArg("gpu_memory_utilization", _N, "checked in (0, 1]", "memory is budgeted in bytes: "
-              "`kv_cache_memory_bytes` (KV pool) and `weight_memory_bytes` (weights), not as a share of the "
-              "device", _fraction("gpu_memory_utilization")),
     EngineArg("enforce_eager", _N, "-", "no CUDA graphs are captured; every step runs eagerly", _ignore),
     EngineArg("max_seq_len_to_capture", _N, "-", "no CUDA graphs are captured", _ignore),
     EngineArg("compilation_config", _N, "-", "nothing is compiled with torch.compile", _ignore),
@@ -173,9 +174,10 @@ ENGINE_ARGS: tuple[EngineArg, ...] = (
               "the engine spawns its own expert-parallel ranks; Ray actors are `concurrency`", _ignore),
     EngineArg("trust_remote_code", _N, "-", "checkpoints load with this package's model code; no remote code runs",
               _ignore),
-    EngineArg("tokenizer_mode", _N, "auto, hf, slow", "the model folder's tokenizer loads with transformers' "
-              "AutoTokenizer; mistral and custom are refused",
-              _only("tokenizer_mode", ("auto", "hf", "slow"), "use tokenizer_mode='auto'")),
+    EngineArg("tokenizer_mode", _N, "auto, hf", "the model folder's tokenizer loads with transformers' "
+              "AutoTokenizer (its fast tokenizer); slow, mistral and custom are refused",
+              _only("tokenizer_mode", (None, "auto", "hf"), "use tokenizer_mode='auto' (the model folder's fast "
+                    "tokenizer; slow and mistral tokenizers are not loaded)")),
     EngineArg("tokenizer", _N, "None or model_source", "the tokenizer loads from the model folder", _tokenizer),
     EngineArg("load_format", _N, "auto, safetensors", "checkpoints load from safetensors; other formats "
               "(runai_streamer, gguf, ...) are refused", _only("load_format", ("auto", "safetensors"), _LOCAL)),

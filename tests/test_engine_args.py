@@ -31,8 +31,8 @@ def test_engine_config_fields_keep_working_under_their_own_names():
         expert_parallel_size=2, kv_cache_memory_bytes=1 << 20)
 
 
-def test_chunked_prefill_off_gives_a_token_budget_holding_a_whole_prompt():
-    assert to_engine_config({"enable_chunked_prefill": False, "max_model_len": 8192}).max_num_batched_tokens == 8192
+def test_chunked_prefill_off_runs_whole_prompts():
+    assert to_engine_config({"enable_chunked_prefill": False}).enable_chunked_prefill is False
     assert to_engine_config({"enable_chunked_prefill": True, "max_model_len": 8192}).max_num_batched_tokens == 2048
     with pytest.raises(ConfigError, match="max_num_batched_tokens \\(1024\\) is smaller than max_model_len"):
         to_engine_config({"enable_chunked_prefill": False, "max_model_len": 8192, "max_num_batched_tokens": 1024})
@@ -47,11 +47,15 @@ def test_expert_parallel_takes_vllms_group_size():
 
 def test_no_ops_are_accepted_and_change_nothing():
     kwargs = {"enforce_eager": True, "disable_log_stats": True, "trust_remote_code": True, "tokenizer_mode": "auto",
-              "gpu_memory_utilization": 0.85, "distributed_executor_backend": "ray", "load_format": "safetensors",
+              "distributed_executor_backend": "ray", "load_format": "safetensors",
               "max_seq_len_to_capture": 8192, "compilation_config": 3, "tensor_parallel_size": 1,
               "pipeline_parallel_size": 1, "kv_cache_dtype": "auto", "max_loras": 1, "max_lora_rank": 8,
               "enable_lora": False, "tokenizer": "demo"}
     assert to_engine_config(kwargs, model_source="demo") == EngineConfig()
+
+
+def test_gpu_memory_utilization_is_the_share_for_weights_and_kv():
+    assert to_engine_config({"gpu_memory_utilization": 0.85}).memory_utilization == 0.85
     with pytest.raises(ConfigError, match="gpu_memory_utilization must be in"):
         to_engine_config({"gpu_memory_utilization": 1.5})
 
@@ -65,6 +69,7 @@ def test_no_ops_are_accepted_and_change_nothing():
     ({"speculative_config": {"method": "ngram"}}, "not implemented yet"),
     ({"load_format": "runai_streamer"}, "local folder"),
     ({"tokenizer_mode": "mistral"}, "tokenizer_mode='auto'"),
+    ({"tokenizer_mode": "slow"}, "tokenizer_mode='auto'"),
 ])
 def test_refused_arguments_name_themselves_and_the_alternative(kwargs, instead):
     name = next(iter(kwargs))
@@ -93,7 +98,7 @@ def test_ray_docs_config_builds():
         "enforce_eager": True, "trust_remote_code": True, "tokenizer_mode": "auto"})
     assert type(build_processor(config)).__name__ == "Processor"
     engine_config = config.operator_kwargs()["engine_config"]
-    assert engine_config == {"max_num_batched_tokens": 4096, "max_model_len": 4096}
+    assert engine_config == {"max_num_batched_tokens": 4096, "max_model_len": 4096, "enable_chunked_prefill": True}
 
 
 def test_every_argument_has_a_kind_and_a_reason():

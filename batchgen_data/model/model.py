@@ -108,6 +108,12 @@ class MoEModel:
         return weights, max_rows
 
     @property
+    def resident_weight_bytes(self) -> int:
+        """Bytes the weights hold in memory: the dense ones and the routed experts held (all of
+        them, this rank's, or a streamed store's pool)."""
+        return self.dense_weight_bytes + (self.expert_store.nbytes if self.expert_store is not None else 0)
+
+    @property
     def is_expert_parallel(self) -> bool:
         """Its MoE layers exchange tokens with other ranks: every rank must run every forward."""
         return self.expert_store is not None and self.expert_store.shard is not None

@@ -142,7 +142,8 @@ class Scheduler(MigrateMethods):
             self.grammars.wait_any()  # nothing can run until a grammar compiles
             finished = self._poll_grammars()
             swap_in += self._refill()
-        out = SchedulerOutput(*combine(self.running, self.config.max_num_batched_tokens), swap_out, swap_in,
+        out = SchedulerOutput(*combine(self.running, self.config.max_num_batched_tokens,
+                                      self.config.enable_chunked_prefill), swap_out, swap_in,
                               finished=finished)
         if self.grammars.structured is not None:
             sampling = [seq for seq, smp in zip(out.seqs, out.samples) if smp]

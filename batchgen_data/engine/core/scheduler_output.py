@@ -54,10 +54,13 @@ class SchedulerStats:
     num_prefix_hit_tokens: int = 0  # of which found in the prefix cache (not computed)
 
 
-def combine(running: list[Sequence], budget: int) -> tuple[list[Sequence], list[int], list[bool]]:
+def combine(running: list[Sequence], budget: int, chunked_prefill: bool = True
+            ) -> tuple[list[Sequence], list[int], list[bool]]:
     """COMBINE the running set's pending work into one forward of at most ``budget`` tokens:
     decoders first (one token each), then prefill chunks in admission order. Returns the
-    sequences, their query lengths, and whether each samples (all its pending tokens run)."""
+    sequences, their query lengths, and whether each samples (all its pending tokens run).
+    Without ``chunked_prefill`` (vLLM's ``enable_chunked_prefill=False``) a prompt runs whole or
+    waits, and the prompts admitted after it wait with it (first come, first served)."""
     seqs, query_lens, samples = [], [], []
     for seq in running:
         if seq.num_pending_tokens == 1:
@@ -66,6 +69,8 @@ def combine(running: list[Sequence], budget: int) -> tuple[list[Sequence], list[
     for seq in running:
         pending = seq.num_pending_tokens
         if pending > 1 and budget > 0:
+            if not chunked_prefill and pending > budget:
+                break
             chunk = min(pending, budget)
             seqs.append(seq), query_lens.append(chunk), samples.append(chunk == pending)
             budget -= chunk

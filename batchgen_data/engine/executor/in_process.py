@@ -80,7 +80,10 @@ class InProcessExecutor:
         block_bytes = KVCache.bytes_per_block(self.model.kv_specs, config.block_size)
         self.offload_plan, running = _plan_running_set(self.model, config, block_bytes)
         max_model_len = resolve_max_model_len(config, self.model.config)
-        num_blocks = _num_kv_blocks(config, running, max_model_len, block_bytes)
+        if not config.enable_chunked_prefill and config.max_num_batched_tokens < max_model_len:
+            # vLLM's rule: without chunking, a step's budget holds the longest prompt
+            config = self.config = dataclasses.replace(config, max_num_batched_tokens=max_model_len)
+        num_blocks = _num_kv_blocks(config, running, max_model_len, block_bytes, _kv_share_bytes(self.model, config))
         self.kv_cache = self.model.new_kv_cache(num_blocks, config.block_size)
         # Grammars for structured outputs (nothing is loaded until a constrained request comes).
         self.structured = StructuredOutputManager(model_path, self.model.config.vocab_size, eos_token_ids)
@@ -244,15 +247,41 @@ def _plan_running_set(model: MoEModel, config: EngineConfig, block_bytes: int) -
     return plan, plan.running_seqs
 
 
-def _num_kv_blocks(config: EngineConfig, running: int, max_model_len: int, block_bytes: int) -> int:
+def _num_kv_blocks(config: EngineConfig, running: int, max_model_len: int, block_bytes: int,
+                   share_bytes: int | None = None) -> int:
     """KV blocks in the pool: ``kv_cache_memory_bytes``, or enough for the running set at
-    ``_DEFAULT_KV_TOKENS_PER_SEQ`` tokens each, up to ``_DEFAULT_KV_CAP_BYTES``."""
+    ``_DEFAULT_KV_TOKENS_PER_SEQ`` tokens each, up to ``_DEFAULT_KV_CAP_BYTES``; never more than
+    ``share_bytes`` (what ``memory_utilization`` leaves beside the weights)."""
     budget = config.kv_cache_memory_bytes
     if budget is None:
         want = running * min(_DEFAULT_KV_TOKENS_PER_SEQ, max_model_len)
         budget = min(want * block_bytes // config.block_size, _DEFAULT_KV_CAP_BYTES)
+    if share_bytes is not None:
+        budget = min(budget, share_bytes)
     num_blocks = budget // block_bytes
     if num_blocks < 1:
         raise ConfigError(f"kv_cache_memory_bytes={budget} holds no KV block (one block of "
                           f"{config.block_size} tokens takes {block_bytes} bytes)")
     return num_blocks
+
+
+def _kv_share_bytes(model: MoEModel, config: EngineConfig) -> int | None:
+    """The KV bytes ``memory_utilization`` allows: that share of the device's memory less the
+    resident weights (vLLM's ``gpu_memory_utilization``); None when not set."""
+    share = config.memory_utilization
+    if share is None:
+        return None
+    total = device_memory_bytes(model.device)
+    weights = model.resident_weight_bytes
+    left = int(share * total) - weights
+    if left < 1:
+        raise ConfigError(f"gpu_memory_utilization={share} gives {int(share * total)} bytes of the device's "
+                          f"{total}, and the weights alone take {weights}: raise it")
+    return left
+
+
+def device_memory_bytes(device: torch.device) -> int:
+    """The device's memory: a CUDA device's total, else this machine's physical RAM."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
