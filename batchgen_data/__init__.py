@@ -28,9 +28,36 @@ _EXPORTS = {
     "BatchGenProcessorConfig": "batchgen_data.processor",
     "build_processor": "batchgen_data.processor",
     "BatchGenMap": "batchgen_data.operators",
+    # Ray Data LLM's names (``from ray.data.llm import ...`` -> ``from batchgen_data import ...``):
+    # ours where this engine runs them...
+    "vLLMEngineProcessorConfig": "batchgen_data.processor",
+    "build_llm_processor": "batchgen_data.processor",
+    "Processor": "batchgen_data.processor",
+    "ChatTemplateStageConfig": "batchgen_data.stage_configs",
+    "DetokenizeStageConfig": "batchgen_data.stage_configs",
+    "PrepareMultimodalStageConfig": "batchgen_data.stage_configs",
+    "TokenizerStageConfig": "batchgen_data.stage_configs",
+    # ...and Ray's own for the processors it runs (``build_processor`` hands them to Ray's).
+    "ProcessorConfig": "ray.data.llm",
+    "HttpRequestProcessorConfig": "ray.data.llm",
+    "ServeDeploymentProcessorConfig": "ray.data.llm",
+    "SGLangEngineProcessorConfig": "ray.data.llm",
+    "HttpRequestStageConfig": "ray.data.llm",
 }
 __all__ = [
     "BatchGenError",
+    "ChatTemplateStageConfig",
+    "DetokenizeStageConfig",
+    "HttpRequestProcessorConfig",
+    "HttpRequestStageConfig",
+    "PrepareMultimodalStageConfig",
+    "Processor",
+    "ProcessorConfig",
+    "SGLangEngineProcessorConfig",
+    "ServeDeploymentProcessorConfig",
+    "TokenizerStageConfig",
+    "build_llm_processor",
+    "vLLMEngineProcessorConfig",
     "BatchGenMap",
     "BatchGenOperator",
     "BatchGenProcessorConfig",
@@ -62,7 +89,19 @@ if TYPE_CHECKING:
         RequestError,
     )
     from batchgen_data.operators import BatchGenMap, BatchGenOperator
-    from batchgen_data.processor import BatchGenProcessorConfig, build_processor
+    from batchgen_data.processor import (
+        BatchGenProcessorConfig,
+        Processor,
+        build_llm_processor,
+        build_processor,
+        vLLMEngineProcessorConfig,
+    )
+    from batchgen_data.stage_configs import (
+        ChatTemplateStageConfig,
+        DetokenizeStageConfig,
+        PrepareMultimodalStageConfig,
+        TokenizerStageConfig,
+    )
 
 
 def __getattr__(name: str):

@@ -211,8 +211,9 @@ ENGINE_ARGS: tuple[EngineArg, ...] = (
               _only("kv_transfer_config", (None,), "drop it (no disaggregated prefill)")),
     EngineArg("limit_mm_per_prompt", _R, "None or {}", "text-only models", _only("limit_mm_per_prompt", (None, {}),
               "use a text-only model (multimodal inputs are not supported)")),
-    EngineArg("task", _R, "generate, auto", "text generation only", _only("task", (None, "generate", "auto"),
-              "use task='generate' (embeddings and scoring are not supported)")),
+    EngineArg("task", _R, "generate, auto", "the task is the processor config's `task_type` (generate, embed, "
+              "classify)", _only("task", (None, "generate", "auto"), "set task_type='embed' or 'classify' on the "
+              "processor config (vLLMEngineProcessorConfig); scoring is not supported")),
     EngineArg("revision", _R, "None", "model_source is a local folder", _only("revision", (None,), _LOCAL)),
     EngineArg("tokenizer_revision", _R, "None", "model_source is a local folder",
               _only("tokenizer_revision", (None,), _LOCAL)),

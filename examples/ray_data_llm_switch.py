@@ -1,4 +1,4 @@
-"""A Ray Data LLM pipeline on batchgen-data: the import and the config class change, nothing else.
+"""A Ray Data LLM pipeline on batchgen-data: the import line and the model change, nothing else.
 
     python examples/ray_data_llm_switch.py
 
@@ -15,7 +15,7 @@ import sys
 import ray
 
 import prompts
-from batchgen_data import BatchGenProcessorConfig, build_processor
+from batchgen_data import build_processor, vLLMEngineProcessorConfig
 from prompts import load_tickets
 
 URGENCY = ["low", "medium", "high"]
@@ -25,9 +25,9 @@ def main(max_tokens: int = 4, num_rows: int = 8) -> list[dict]:
     # examples/ is not installed, so Ray workers cannot import these modules: ship them by value.
     for module in (prompts, sys.modules[__name__]):
         ray.cloudpickle.register_pickle_by_value(module)
-    config = BatchGenProcessorConfig(model_source="demo", engine_kwargs={"max_model_len": 4096}, batch_size=16,
-                                     concurrency=1, num_cpus=0.5,
-                                     chat_template_stage={"chat_template_kwargs": {"enable_thinking": False}})
+    config = vLLMEngineProcessorConfig(model_source="demo", engine_kwargs={"max_model_len": 4096}, batch_size=16,
+                                       concurrency=1, num_cpus=0.5,
+                                       chat_template_stage={"chat_template_kwargs": {"enable_thinking": False}})
     processor = build_processor(
         config,
         preprocess=lambda row: dict(
@@ -43,13 +43,14 @@ def main(max_tokens: int = 4, num_rows: int = 8) -> list[dict]:
 
 
 def _confidence(logprobs) -> float | None:
-    """The probability of the answer's first token, from its logprobs (Ray Data LLM's layout:
-    per position ``{token_id: {"logprob", "rank", "decoded_token"}}``, the generated token first)."""
+    """The probability of the answer's first token, from its logprobs (an Arrow column: per
+    position a list of ``{"token_id", "logprob", "rank", "decoded_token"}``, the generated token
+    first; Ray Data LLM keys each position's entries by token id instead)."""
     import math
 
-    if not logprobs:
+    if logprobs is None or len(logprobs) == 0:
         return None
-    return math.exp(next(iter(logprobs[0].values()))["logprob"])
+    return math.exp(logprobs[0][0]["logprob"])
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Batches in the formats Ray Data and datasets hand over: pyarrow, pandas, numpy dicts, dicts of lists.
 
 ``to_columns`` reads any of them as a dict of Python lists; ``with_output_columns`` returns the
-same format with the output columns added under their types (``columns.py``), so every batch has
-one schema, and without the reader's ``__input_error__`` column (its message is now in
+same format with the output columns added under their types (``columns.py``), after the input
+columns and replacing any input column of the same name (``prompt``, as Ray Data LLM's chat
+template stage does), so every batch has one schema, and without the reader's ``__input_error__`` column (its message is now in
 ``__inference_error__``). A ``datasets`` batch (``Dataset.map``'s ``LazyBatch``) is read and
 returned as the Arrow table under it: a dict of lists would leave ``datasets`` to infer each
 column's type from its first batch's values (null when they are all null, and a later batch's
@@ -16,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from batchgen_data.operators.columns import LOGPROBS_TYPE, OUTPUT_SCHEMA, RAY_LLM_FORMS
+from batchgen_data.operators.columns import LOGPROBS_TYPE, OUTPUT_SCHEMA
 from batchgen_data.operators.rows import INPUT_ERROR_COLUMN
 
 __all__ = ["LOGPROBS_TYPE", "OUTPUT_SCHEMA", "to_columns", "with_output_columns"]
@@ -53,27 +54,25 @@ def with_output_columns(batch: Any, added: dict[str, Any], schema: pa.Schema = O
     if _is_pandas(batch):
         import pandas as pd
 
-        frame = batch.drop(columns=[INPUT_ERROR_COLUMN], errors="ignore")
+        frame = batch.drop(columns=[c for c in (*names, INPUT_ERROR_COLUMN) if c in batch.columns])
         arrow = pa.table({f.name: _as_array(added[f.name], f.type) for f in schema})
         typed = arrow.to_pandas(types_mapper=pd.ArrowDtype)
         for name in names:
             frame[name] = typed[name].values
         return frame
     added = {k: v.to_pylist() if isinstance(v, pa.Array) else v for k, v in added.items()}
-    if _is_ray_numpy(batch):  # Ray Data's numpy batches: Ray Data LLM's rows, Python objects
-        out = {k: v for k, v in batch.items() if k != INPUT_ERROR_COLUMN}
+    if _is_ray_numpy(batch):  # Ray Data's numpy batches
+        out = {k: v for k, v in batch.items() if k != INPUT_ERROR_COLUMN and k not in names}
         for field in schema:
-            out[field.name] = _numpy_column(added[field.name], field, RAY_LLM_FORMS.get(field.name))
+            out[field.name] = _numpy_column(added[field.name], field)
         return out
     if isinstance(batch, Mapping):  # dicts, and datasets' IterableDataset batches
-        kept = {k: batch[k] for k in batch.keys() if k != INPUT_ERROR_COLUMN}
+        kept = {k: batch[k] for k in batch.keys() if k != INPUT_ERROR_COLUMN and k not in names}
         return {**kept, **{name: list(added[name]) for name in names}}
     raise TypeError(f"unsupported batch type {type(batch).__name__}")
 
 
-def _numpy_column(values: list, field: pa.Field, ray_llm_form) -> np.ndarray:
-    if ray_llm_form is not None:
-        values = [ray_llm_form(v) for v in values]
+def _numpy_column(values: list, field: pa.Field) -> np.ndarray:
     if pa.types.is_integer(field.type) and None not in values:
         return np.asarray(values, dtype=np.int64)
     if pa.types.is_floating(field.type) and None not in values:

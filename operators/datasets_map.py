@@ -11,6 +11,7 @@ lazily, once per process: fingerprinting is fast and identical across runs (a se
 from __future__ import annotations
 
 import os
+from functools import partial
 
 import torch
 from batchgen_data.operators.columns import RowResult
@@ -65,11 +66,13 @@ class BatchGenMap:
 
     def __call__(self, batch: dict) -> dict:
         prepared = prepare_batch(batch, self.config)
-        results = []
+        results, decode = [], None
         if prepared.valid_rows:  # an all-error batch needs no engine
-            outputs = _engine_for(self.config).generate(prepared.prompts, prepared.params)
+            engine = _engine_for(self.config)
+            outputs = engine.generate(prepared.prompts, prepared.params)
             results = [RowResult.from_output(out) for out in outputs]
-        return finish_batch(prepared, results, self.config)
+            decode = partial(engine.tokenizer.decode, skip_special_tokens=False)
+        return finish_batch(prepared, results, self.config, decode)
 
     def __getstate__(self) -> dict:
         return {"config": self.config}

@@ -12,6 +12,7 @@ bookkeeping; the engine does the work.
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 from batchgen_data.operators.restart import exit_for_restart, in_ray_actor
 from batchgen_data.operators.columns import RowResult
@@ -43,7 +44,8 @@ class BatchGenOperator:
             a coordinator's pool: unstarted rows go to whichever actor has room, longest first;
             at the tail, running sequences move to actors with empty slots (PARTITION and
             MIGRATE); leased rows return to the pool when an actor dies. None turns it on
-            inside Ray actors. ``False`` keeps each batch on its actor.
+            inside Ray actors. ``False`` keeps each batch on its actor, as does a ``task_type``
+            other than "generate" (pooling rows are prefill-only: no tail to even out).
         lease_timeout_s (float, default 15): how long a silent actor keeps leased rows before
             they go back to the pool.
         json_columns (list[str] | None, default None): columns holding JSON text, decoded before
@@ -59,8 +61,10 @@ class BatchGenOperator:
             ``sampling_params`` (see ``StageConfig``); a row's ``sampling_params`` may carry
             ``structured_outputs`` or Ray Data LLM's ``guided_decoding``.
 
-    Output columns: those of ``OUTPUT_TABLE`` (``columns.py``): ``generated_text``,
-    ``generated_tokens``, token counts, ``logprobs`` / ``prompt_logprobs``, ``finish_reason``,
+    Output columns: those of ``OUTPUT_TABLE`` (``columns.py``), as Ray Data LLM's vLLM stage
+    writes them: ``generated_text``, ``generated_tokens``, token counts, the rendered ``prompt``
+    and its ``prompt_token_ids``, ``embeddings``, ``logprobs`` / ``prompt_logprobs``,
+    ``finish_reason``, ``metrics``, ``request_id``, ``batch_uuid``, ``params``,
     ``time_taken_llm`` and ``__inference_error__`` (always present, null on success); with a
     default ``structured_outputs`` JSON schema for an object, also ``generated_json``, typed from
     the schema (``json_column.py``). Every other column passes through; one output row per input
@@ -85,6 +89,8 @@ class BatchGenOperator:
                                   chat_template_kwargs=chat_template_kwargs, **sampling_defaults)
         if rebalance is None:  # on inside a Ray actor (several actors share a pool), off elsewhere
             rebalance = in_ray_actor()
+        # Rebalancing evens out generation tails; a pooling row (embed, classify) is one prefill.
+        rebalance = rebalance and self.config.task_type == "generate"
         coordinator = None
         if rebalance:  # the coordinator's process starts while this actor loads the model
             from batchgen_data.operators.rebalance import start_coordinator
@@ -115,7 +121,8 @@ class BatchGenOperator:
             exit_for_restart(err)
         finally:
             self._rows_in_flight -= num_valid
-        output = finish_batch(prepared, results, self.config)
+        output = finish_batch(prepared, results, self.config,
+                              partial(self.engine.engine.tokenizer.decode, skip_special_tokens=False))
         if self.stats_dir is not None:
             write_stats_report(self.stats_dir, self.engine.engine, self.rebalance_stats())
         return output

@@ -11,12 +11,13 @@ between stages.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 from batchgen_data.operators.batch_format import to_columns, with_output_columns
-from batchgen_data.operators.columns import RowResult, output_schema, output_values
+from batchgen_data.operators.columns import RowResult, fill_row_columns, output_schema, output_values
 from batchgen_data.operators.rows import PreparedRow, StageConfig, check_errors, prepare_rows
 
 from batchgen_data.engine.sampling_params import SamplingParams
@@ -29,6 +30,7 @@ class PreparedBatch:
     batch: Any  # the batch as handed over, for ``with_output_columns``
     rows: list[PreparedRow]
     valid_rows: list[PreparedRow]  # the rows for the engine, in input order
+    input_prompts: list[Any]  # each row's ``prompt`` column (None without one): an error row keeps it
 
     @property
     def prompts(self) -> list[Any]:
@@ -43,18 +45,23 @@ def prepare_batch(batch: Any, config: StageConfig) -> PreparedBatch:
     """Read ``batch`` (pyarrow, pandas or a dict of columns) and validate each of its rows."""
     columns, num_rows = to_columns(batch)
     rows = prepare_rows(columns, num_rows, config)
-    return PreparedBatch(batch, rows, [row for row in rows if row.error is None])
+    input_prompts = columns.get("prompt") or [None] * num_rows
+    return PreparedBatch(batch, rows, [row for row in rows if row.error is None], list(input_prompts))
 
 
-def finish_batch(prepared: PreparedBatch, results: list[RowResult], config: StageConfig) -> Any:
+def finish_batch(prepared: PreparedBatch, results: list[RowResult], config: StageConfig,
+                 decode: Callable[[list[int]], str] | None = None) -> Any:
     """``prepared.batch`` with the output columns: ``results`` are the valid rows' (in their
-    order), error rows get theirs from their error."""
+    order), error rows get theirs from their error; ``decode`` (token ids -> text, special tokens
+    kept) renders a chat row's ``prompt`` column from its token ids."""
     by_index = {row.index: result for row, result in zip(prepared.valid_rows, results, strict=True)}
     all_results = [
         RowResult.failed(row.error) if row.error is not None else by_index[row.index]
         for row in prepared.rows
     ]
     check_errors(prepared.rows, all_results, config)
+    fill_row_columns(all_results, [row.params for row in prepared.rows], [row.prompt for row in prepared.rows],
+                     prepared.input_prompts, decode)
     schema = stage_output_schema(config)
     return with_output_columns(prepared.batch, output_values(all_results, schema), schema)
 

@@ -105,7 +105,7 @@ def test_a_bad_byte_spoils_only_its_row(tmp_path, capsys, reference):
     assert [r["id"] for r in rows] == [0, 1, 2, 3]
     bad = rows[2]
     assert bad["__inference_error__"].startswith("bad_byte.csv line 4: invalid utf-8 bytes")
-    assert bad["prompt"] == "Ticket 2: caf\ufffd machine leaks." and bad["generated_text"] is None
+    assert bad["prompt"] == "Ticket 2: caf\ufffd machine leaks." and bad["generated_text"] == ""
     good = [r for r in rows if r["id"] != 2]
     expected = reference([r["prompt"] for r in good])
     assert all(r["__inference_error__"] is None for r in good)
@@ -129,7 +129,7 @@ def test_csv_bom_repeated_names_and_a_row_with_too_many_fields(tmp_path, capsys)
     code, stdout, _ = _run(capsys, folder, tmp_path / "out")
     assert code == 0 and "8 rows" in stdout and "1 error rows" in stdout
     rows = _output(tmp_path / "out")
-    assert list(rows[0])[:6] == ["id", "prompt", "note", "note.1", "__raw_input__", "generated_text"]
+    assert list(rows[0])[:6] == ["id", "note", "note.1", "__raw_input__", "generated_text", "generated_tokens"]
     assert [r["id"] for r in rows] == [0, 0, 1, 0, 1, 0, None, 2]  # files in name order, lines in order
     assert [(r["note"], r["note.1"]) for r in rows[3:5]] == [("first", "second"), ("third", "fourth")]
     assert rows[6]["__inference_error__"] == "wrong_field_count.csv line 3: expected 2 fields (as in the header), got 3 fields"
@@ -267,7 +267,7 @@ def test_a_lone_surrogate_spoils_only_its_row(tmp_path, capsys, reference):
         "in.jsonl line 2: field 'prompt' holds a lone surrogate \\ud83d (half of a UTF-16 pair, "
         "such as a cut emoji), read as U+FFFD")
     assert half["prompt"] == "broken emoji \ufffd here" and half["__raw_input__"] == lines[1]
-    assert half["generated_text"] is None and half["finish_reason"] == "error"
+    assert half["generated_text"] == "" and half["finish_reason"] == "error"
     assert stop["__inference_error__"].startswith(
         "in.jsonl line 4: field 'sampling_params.stop[0]' holds a lone surrogate \\udc00")
     assert stop["sampling_params"] == {"stop": ["\ufffd"]}

@@ -18,13 +18,12 @@ from batchgen_data.operators.columns import (
     OUTPUT_COLUMNS,
     OUTPUT_SCHEMA,
     OUTPUT_TABLE,
-    RAY_LLM_FORMS,
     RowResult,
     output_schema,
 )
 from batchgen_data.operators.rows import StageConfig
 from batchgen_data.operators.stage import finish_batch, prepare_batch
-from stage_rows import ENGINE_CONFIG, ray_llm_to_arrow_form
+from stage_rows import ENGINE_CONFIG
 
 from batchgen_data import BatchGenMap, BatchGenOperator
 from batchgen_data.engine.outputs import GenerationOutput
@@ -58,10 +57,16 @@ def test_the_table_is_the_one_list_of_columns():
     assert list(row.values) == list(OUTPUT_COLUMNS)
     assert row.values["logprobs"][0] == [{"token_id": 5, "logprob": -0.5, "rank": 1, "decoded_token": "h"},
                                          {"token_id": 7, "logprob": -1.0, "rank": 2, "decoded_token": "x"}]
-    assert RAY_LLM_FORMS["logprobs"](row.values["logprobs"])[0] == {
-        5: {"logprob": -0.5, "rank": 1, "decoded_token": "h"}, 7: {"logprob": -1.0, "rank": 2, "decoded_token": "x"}}
+    assert (row.values["request_id"], row.values["generated_text"], row.values["prompt_token_ids"]) == (0, "hi", [])
     failed = RowResult.failed("bad row")
     assert list(failed.values) == list(OUTPUT_COLUMNS) and failed.error == "bad row"
+    # Ray Data LLM 2.60's values on an error row
+    assert {k: failed.values[k] for k in ("generated_text", "generated_tokens", "num_input_tokens",
+                                          "num_generated_tokens", "prompt_token_ids", "request_id",
+                                          "time_taken_llm", "embeddings", "metrics", "logprobs")} == {
+        "generated_text": "", "generated_tokens": [], "num_input_tokens": 0, "num_generated_tokens": 0,
+        "prompt_token_ids": None, "request_id": -1, "time_taken_llm": -1.0, "embeddings": None, "metrics": None,
+        "logprobs": None}
     pa.table({c.name: pa.array([row.values[c.name], failed.values[c.name]], c.arrow_type) for c in OUTPUT_TABLE})
 
 
@@ -93,10 +98,6 @@ def _as_arrow(out, fmt: str) -> pa.Table:
     if fmt == "pandas":
         return pa.Table.from_pandas(out, preserve_index=False)
     columns = {name: list(values) for name, values in out.items()}
-    if fmt == "numpy":  # Ray Data LLM's dicts by token id, back to the Arrow form
-        for name in RAY_LLM_FORMS:
-            columns[name] = [ray_llm_to_arrow_form(row) for row in columns[name]]
-        assert all(isinstance(p, dict) for p in out["logprobs"][0])
     return pa.table({name: pa.array(columns[name], OUTPUT_SCHEMA.field(name).type) for name in OUTPUT_COLUMNS})
 
 
@@ -104,8 +105,14 @@ def _as_arrow(out, fmt: str) -> pa.Table:
 def test_every_batch_format_adds_the_tables_columns(operator, fmt):
     out = asyncio.run(operator(_batch(fmt)))
     names = list(out.column_names if fmt == "pyarrow" else out.keys() if fmt in ("numpy", "dict") else out.columns)
-    assert names == ["id", "prompt", "sampling_params", *OUTPUT_COLUMNS]
+    assert names == ["id", "sampling_params", *OUTPUT_COLUMNS]
     table = _as_arrow(out, fmt)
+    # the prompt the engine ran, an error row's own, and Ray's stage columns
+    assert table.column("prompt").to_pylist() == ["Hello there", "", "Bonjour"]
+    assert table.column("params").to_pylist()[1] == "" and table.column("params")[0].as_py().startswith(
+        "SamplingParams(")
+    assert len(set(table.column("batch_uuid").to_pylist())) == 1
+    assert table.column("request_id").to_pylist()[1] == -1 and table.column("time_taken_llm")[1].as_py() == -1.0
     assert _fields(table.schema, list(OUTPUT_COLUMNS)) == _expected()
     assert table.column("__inference_error__").to_pylist()[1] == "empty prompt in column 'prompt'"
     assert table.column("logprobs").to_pylist()[0][0][0]["token_id"] == table.column("generated_tokens")[0][0].as_py()
@@ -118,7 +125,7 @@ def test_generated_json_comes_after_the_tables_columns():
     result = RowResult.from_output(GenerationOutput(request_id=0, token_ids=[1], text=text, finish_reason="stop",
                                                     num_input_tokens=1, num_generated_tokens=1))
     out = finish_batch(prepared, [result], config)
-    assert _fields(out.schema, out.column_names[1:]) == _expected(output_schema(JSON_SCHEMA))
+    assert _fields(out.schema, out.column_names) == _expected(output_schema(JSON_SCHEMA))  # prompt replaced
     assert out.column("generated_json").to_pylist() == [{"answer": "yes", "stars": 4}, None]
 
 
@@ -131,7 +138,7 @@ def test_datasets_map_adds_the_tables_columns_whatever_its_first_batch_holds(dem
     for dataset in (datasets.Dataset.from_list(rows), datasets.Dataset.from_list(rows).with_format("arrow")):
         out = dataset.map(fn, batched=True, batch_size=2)
         schema = out.features.arrow_schema
-        assert schema.names == ["id", "prompt", "sampling_params", *OUTPUT_COLUMNS]
+        assert schema.names == ["id", "sampling_params", *OUTPUT_COLUMNS]
         assert _fields(schema, list(OUTPUT_COLUMNS)) == _expected()
         assert out.with_format(None)["__inference_error__"][:2] == ["empty prompt in column 'prompt'",
                                                                     "missing prompt (column 'prompt' is null)"]
@@ -144,5 +151,5 @@ def test_cli_parts_have_the_tables_columns(tmp_path):
                  "--json-schema", str(tmp_path / "schema.json"), "--no-progress"]) == 0
     schema = pq.read_schema(next((tmp_path / "out").glob("part-*.parquet")))
     expected = output_schema(JSON_SCHEMA)
-    assert schema.names == ["id", "prompt", "sampling_params", *expected.names]
+    assert schema.names == ["id", "sampling_params", *expected.names]
     assert _fields(schema, expected.names) == _expected(expected)

@@ -159,13 +159,12 @@ def test_processor_config_rejects_what_it_cannot_honour():
 
 
 def test_build_processor_rows_have_the_tables_columns(ray_cluster, demo_path):
-    """Every column of the output table, in its order, with values of its types (logprobs as Ray
-    Data LLM's per-position dicts: the processor asks for numpy batches)."""
+    """Every column of the output table, in its order, with values of its types: Arrow types in
+    the dataset's schema (logprobs too, not a pickled Python object column)."""
     import numpy as np
-    from stage_rows import ray_llm_to_arrow_form
 
     from batchgen_data import BatchGenProcessorConfig, build_processor
-    from batchgen_data.operators.columns import OUTPUT_COLUMNS, OUTPUT_SCHEMA, RAY_LLM_FORMS
+    from batchgen_data.operators.columns import OUTPUT_COLUMNS, OUTPUT_SCHEMA
 
     config = BatchGenProcessorConfig(model_source=str(demo_path), engine_kwargs=ENGINE_CONFIG, batch_size=4,
                                      concurrency=1, max_concurrent_batches=2, num_cpus=0.5,
@@ -174,19 +173,24 @@ def test_build_processor_rows_have_the_tables_columns(ray_cluster, demo_path):
         "temperature": 0.0, "max_tokens": 2, "logprobs": 1, "prompt_logprobs": 0}})
     ds = processor(ray.data.from_items([{"id": 0, "prompt": "Hello there"}, {"id": 1, "prompt": ""}]))
     rows = sorted(ds.take_all(), key=lambda r: r["id"])
-    assert ds.schema().names[-len(OUTPUT_COLUMNS):] == list(OUTPUT_COLUMNS)
+    schema = ds.schema()
+    assert schema.names[-len(OUTPUT_COLUMNS):] == list(OUTPUT_COLUMNS)
+    arrow = dict(zip(schema.names, schema.types))
+    assert arrow["logprobs"] == OUTPUT_SCHEMA.field("logprobs").type
+    assert arrow["metrics"] == OUTPUT_SCHEMA.field("metrics").type
 
     def plain(value):  # numpy arrays and scalars, as Ray hands them back, to Python
         if isinstance(value, np.ndarray):
             return [plain(v) for v in value]
         if isinstance(value, dict):
             return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [plain(v) for v in value]
         return value.item() if isinstance(value, np.generic) else value
 
     for name in OUTPUT_COLUMNS:
-        values = [plain(row[name]) for row in rows]
-        if name in RAY_LLM_FORMS:
-            assert all(isinstance(p, dict) for p in values[0][1:]) and values[1] is None
-            values = [ray_llm_to_arrow_form(v) for v in values]
-        pa.array(values, type=OUTPUT_SCHEMA.field(name).type)
-    assert rows[1]["__inference_error__"] == "empty prompt in column 'prompt'" and rows[0]["__inference_error__"] is None
+        pa.array([plain(row[name]) for row in rows], type=OUTPUT_SCHEMA.field(name).type)
+    # Ray's values: "" on success (no postprocess: the whole row), the error on failure
+    assert rows[1]["__inference_error__"] == "empty prompt in column 'prompt'" and rows[0]["__inference_error__"] == ""
+    assert rows[0]["prompt"] == "Hello there" and rows[1]["request_id"] == -1 and rows[0]["request_id"] >= 0
+    assert plain(rows[0]["logprobs"])[0][0]["token_id"] == plain(rows[0]["generated_tokens"])[0]

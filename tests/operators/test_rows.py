@@ -171,14 +171,12 @@ def test_logprob_columns_in_every_batch_format(operator, fmt):
         out_rows = [{k: out[k][i] for k in out} for i in range(2)]
     asked, plain = out_rows
 
-    def as_dict(position):  # Ray Data LLM's form either way
-        if position is None or isinstance(position, dict):
-            return position
+    def as_dict(position):  # the column's entries keyed by token id (Ray Data LLM's form)
         return {e["token_id"]: {k: e[k] for k in ("logprob", "rank", "decoded_token")} for e in position}
 
+    # one form in every batch format: the Arrow column's
+    pa.array([asked["logprobs"], plain["logprobs"]], LOGPROBS_TYPE)
     logprobs = [as_dict(p) for p in asked["logprobs"]]
-    if fmt == "numpy":
-        assert all(isinstance(p, dict) for p in asked["logprobs"])
     assert len(logprobs) == asked["num_generated_tokens"] == 3
     for token, entry in zip(asked["generated_tokens"], logprobs):
         assert next(iter(entry)) == token and len(entry) in (2, 3)

@@ -38,7 +38,7 @@ def test_results_and_error_rows_come_back_in_input_order(fmt):
     for row, out_row in zip(rows, out_rows):
         if row["id"] in BAD_IDS:
             assert out_row["finish_reason"] == "error" and out_row["__inference_error__"]
-            assert out_row["generated_text"] is None and out_row["generated_tokens"] == []
+            assert out_row["generated_text"] == "" and out_row["generated_tokens"] == []
         else:
             assert out_row["generated_text"] == f"echo {row['prompt']}"
             assert out_row["__inference_error__"] is None
