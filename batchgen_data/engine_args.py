@@ -181,6 +181,7 @@ ENGINE_ARGS: tuple[EngineArg, ...] = (
     EngineArg("tokenizer", _N, "None or model_source", "the tokenizer loads from the model folder", _tokenizer),
     EngineArg("load_format", _N, "auto, safetensors", "checkpoints load from safetensors; other formats "
               "(runai_streamer, gguf, ...) are refused", _only("load_format", ("auto", "safetensors"), _LOCAL)),
+    EngineArg("model", _N, "-", "Ray Data LLM's engine stage replaces it with `model_source`", _ignore),
     EngineArg("guided_decoding_backend", _N, "-", "grammars come from llguidance (docs/structured-outputs.md)",
               _ignore),
     EngineArg("structured_outputs_config", _N, "-", "grammars come from llguidance (docs/structured-outputs.md)",
@@ -210,6 +211,8 @@ ENGINE_ARGS: tuple[EngineArg, ...] = (
     EngineArg("kv_transfer_config", _R, "None", "no disaggregated prefill",
               _only("kv_transfer_config", (None,), "drop it (no disaggregated prefill)")),
     EngineArg("limit_mm_per_prompt", _R, "None or {}", "text-only models", _only("limit_mm_per_prompt", (None, {}),
+              "use a text-only model (multimodal inputs are not supported)")),
+    EngineArg("mm_processor_kwargs", _R, "None or {}", "text-only models", _only("mm_processor_kwargs", (None, {}),
               "use a text-only model (multimodal inputs are not supported)")),
     EngineArg("task", _R, "generate, auto", "the task is the processor config's `task_type` (generate, embed, "
               "classify)", _only("task", (None, "generate", "auto"), "set task_type='embed' or 'classify' on the "

@@ -83,14 +83,23 @@ class BatchGenProcessorConfig:
         runtime_env (dict | None), accelerator_type (str | None): for the engine actors.
         log_engine_metrics (bool, default True): accepted; the engine's counters are read with
             ``Engine.stats()`` and the stage's stats report, not Prometheus.
-        dynamic_lora_loading_path (str | None), placement_group_config (dict | None): refused
-            unless None, when the processor is built (no LoRA; an engine's ranks are local
-            processes).
-        apply_chat_template, tokenize, detokenize, chat_template, has_image (legacy Ray Data LLM
-            fields, default None): set the stage configs as older Ray did (``has_image=True`` is
-            the multimodal stage, refused).
-        num_cpus (float | None, default None): CPUs per engine actor (default: what leaves one
-            CPU of the cluster to Ray Data's own tasks, at most 1).
+        dynamic_lora_loading_path (str | None): refused unless None when the processor is built
+            (no LoRA adapters).
+        placement_group_config (dict | None): one worker's bundle (``bundle_per_worker``, or one
+            entry in ``bundles``) is accepted: an engine is one actor, sized by ``num_cpus`` /
+            ``accelerator_type``; bundles for several workers (tensor / pipeline parallel
+            workers) are refused when the processor is built.
+        experimental (dict | None): older Ray's home of ``max_tasks_in_flight_per_actor``.
+        model (str | None): older Ray's name for ``model_source``.
+        resources_per_bundle (dict | None): older Ray's engine bundle; accepted, as
+            ``placement_group_config`` with one bundle.
+        apply_chat_template, tokenize, detokenize, chat_template, has_image, prepare_image_stage
+            (legacy Ray Data LLM fields, default None): set the stage configs as older Ray did
+            (``has_image=True`` and an enabled ``prepare_image_stage`` are the multimodal stage,
+            refused).
+        num_cpus (float | None, default None): CPUs per engine actor (default: half of what
+            leaves one CPU of the cluster to Ray Data's own tasks, at most 1, so a second
+            processor in the pipeline has room).
         rebalance (bool | None, default None): share work between the engine actors (see
             ``BatchGenOperator``); None turns it on with more than one actor.
 
@@ -117,6 +126,10 @@ class BatchGenProcessorConfig:
     log_engine_metrics: bool = True
     dynamic_lora_loading_path: str | None = None
     placement_group_config: dict | None = None
+    experimental: dict | None = None
+    resources_per_bundle: dict | None = None
+    model: str | None = None
+    prepare_image_stage: Any = None
     apply_chat_template: bool | None = None
     tokenize: bool | None = None
     detokenize: bool | None = None
@@ -135,11 +148,6 @@ class BatchGenProcessorConfig:
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ConfigError(f"batch_size must be an int >= 1, got {self.batch_size!r}")
         self.actor_range()  # validates concurrency
-        for name in ("max_concurrent_batches", "max_tasks_in_flight_per_actor", "max_pending_requests"):
-            value = getattr(self, name)
-            if (value is not None or name == "max_concurrent_batches") and (
-                    isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
         self.chat_template_stage = resolve_stage(self.chat_template_stage, ChatTemplateStageConfig,
                                                  "chat_template_stage")
         self.tokenize_stage = resolve_stage(self.tokenize_stage, TokenizerStageConfig, "tokenize_stage")
@@ -147,9 +155,16 @@ class BatchGenProcessorConfig:
         self.prepare_multimodal_stage = resolve_stage(self.prepare_multimodal_stage, PrepareMultimodalStageConfig,
                                                       "prepare_multimodal_stage")
         self._apply_legacy_fields()
+        for name in ("max_concurrent_batches", "max_tasks_in_flight_per_actor", "max_pending_requests"):
+            value = getattr(self, name)
+            if (value is not None or name == "max_concurrent_batches") and (
+                    isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
 
     def _apply_legacy_fields(self) -> None:
         """Older Ray Data LLM's flat fields, as it read them, onto the stage configs."""
+        if self.model is not None:
+            self.model_source = self.model
         if self.apply_chat_template is not None:
             self.chat_template_stage.enabled = bool(self.apply_chat_template)
         if self.chat_template is not None:
@@ -160,6 +175,14 @@ class BatchGenProcessorConfig:
             self.detokenize_stage.enabled = bool(self.detokenize)
         if self.has_image is not None:
             self.prepare_multimodal_stage.enabled = bool(self.has_image)
+        if self.prepare_image_stage is not None:
+            image = resolve_stage(self.prepare_image_stage, PrepareMultimodalStageConfig, "prepare_image_stage")
+            self.prepare_multimodal_stage.enabled |= image.enabled
+        experimental = self.experimental or {}
+        if not isinstance(experimental, dict):
+            raise ConfigError(f"experimental must be a dict, got {type(experimental).__name__}")
+        if self.max_tasks_in_flight_per_actor is None and "max_tasks_in_flight_per_actor" in experimental:
+            self.max_tasks_in_flight_per_actor = experimental["max_tasks_in_flight_per_actor"]
 
     def actor_range(self) -> tuple[int, int]:
         """(min, max) engine actors."""
@@ -185,9 +208,14 @@ class BatchGenProcessorConfig:
         if self.dynamic_lora_loading_path is not None:
             raise ConfigError("dynamic_lora_loading_path: LoRA adapters are not supported here; merge the adapter "
                               "into the checkpoint and give that folder as model_source")
-        if self.placement_group_config is not None:
-            raise ConfigError("placement_group_config: an engine's ranks run as local processes of its actor; use "
-                              "engine_kwargs expert_parallel_size=N for expert parallelism")
+        unknown = sorted(set(self.experimental or {}) - {"max_tasks_in_flight_per_actor"})
+        if unknown:
+            raise ConfigError(f"unknown experimental keys {unknown}; known: ['max_tasks_in_flight_per_actor']")
+        bundles = (self.placement_group_config or {}).get("bundles")
+        if bundles is not None and len(bundles) > 1:
+            raise ConfigError(f"placement_group_config with {len(bundles)} bundles (one per tensor/pipeline parallel "
+                              "worker): an engine is one actor here; use engine_kwargs expert_parallel_size=N for "
+                              "expert parallelism")
 
     def operator_kwargs(self, chat_template_kwargs: dict | None = None) -> dict:
         """``BatchGenOperator`` constructor arguments for this config (``chat_template_kwargs``:
@@ -367,9 +395,11 @@ class _PostprocessPassingErrors:
 
 
 def _default_cpus(num_actors: int) -> float:
-    """Leave a CPU for Ray Data's read and bookkeeping tasks: whole-CPU actors on a small machine
-    starve them and the pipeline hangs without an error."""
+    """Leave a CPU for Ray Data's read and bookkeeping tasks, and half of the rest for a second
+    processor's actors in the same pipeline (chained processors): whole-CPU actors on a small
+    machine starve them and the pipeline hangs without an error. (Ray's accounting only: an
+    actor's torch threads are not bounded by it.)"""
     import ray
 
     total = ray.cluster_resources().get("CPU", 1) if ray.is_initialized() else 2
-    return max(0.25, min(1.0, (total - 1) / num_actors))
+    return max(0.25, min(1.0, (total - 1) / num_actors / 2))

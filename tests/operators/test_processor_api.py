@@ -84,7 +84,9 @@ def test_builder_kwargs_take_rays_chat_template_kwargs():
 
 @pytest.mark.parametrize(("fields", "message"), [
     ({"dynamic_lora_loading_path": "/loras"}, "LoRA adapters are not supported"),
-    ({"placement_group_config": {"bundles": [{"CPU": 1}]}}, "expert_parallel_size"),
+    ({"placement_group_config": {"bundles": [{"GPU": 1}] * 4, "strategy": "STRICT_PACK"}}, "expert_parallel_size"),
+    ({"experimental": {"max_tasks_in_flight_per_actor": 4, "other": 1}}, "unknown experimental keys"),
+    ({"prepare_image_stage": True}, "multimodal input is not supported"),
     ({"prepare_multimodal_stage": True}, "multimodal input is not supported"),
 ])
 def test_fields_this_engine_cannot_honour_fail_at_build_not_at_declaration(fields, message):
@@ -100,8 +102,11 @@ def test_task_type_is_rays_and_wins_over_engine_kwargs():
     with pytest.raises(ConfigError, match="task_type must be one of"):
         vLLMEngineProcessorConfig(task_type="score")
     no_ops = vLLMEngineProcessorConfig(log_engine_metrics=False, max_pending_requests=64,
-                                       max_tasks_in_flight_per_actor=16)
+                                       max_tasks_in_flight_per_actor=16, prepare_image_stage=False,
+                                       placement_group_config={"bundles": [{"CPU": 1}], "strategy": "PACK"})
     assert type(build_processor(no_ops)).__name__ == "Processor"
+    older = vLLMEngineProcessorConfig(experimental={"max_tasks_in_flight_per_actor": 6})
+    assert older.max_tasks_in_flight_per_actor == 6
 
 
 def test_rays_vllm_config_is_read_field_for_field():
@@ -125,3 +130,21 @@ def test_configs_this_engine_does_not_run_go_to_rays_build_processor(ray_cluster
                                 postprocess=lambda row: row)
     assert type(processor).__module__.startswith("ray.llm")
     assert [name for name in processor.stages] == ["HttpRequestStage"]
+
+
+def test_n_takes_rays_first_output_and_is_checked():
+    from batchgen_data.operators.rows import StageConfig, prepare_rows
+
+    rows = prepare_rows({"prompt": ["a", "b", "c"], "sampling_params": [{"n": 3, "max_tokens": 2}, {"n": 0},
+                                                                         {"n": 2.0}]}, 3, StageConfig())
+    assert rows[0].error is None and rows[0].params.max_tokens == 2
+    assert rows[1].error == "invalid sampling_params: n must be an int >= 1, got 0"
+    assert rows[2].error is None
+
+
+def test_older_ray_names_are_read():
+    config = vLLMEngineProcessorConfig(model="demo", resources_per_bundle={"CPU": 1},
+                                       engine_kwargs={"model": "ignored", "enforce_eager": True})
+    assert config.model_source == "demo" and config.operator_kwargs()["engine_config"] == {}
+    with pytest.raises(ConfigError, match="mm_processor_kwargs.*multimodal"):
+        build_processor(vLLMEngineProcessorConfig(engine_kwargs={"mm_processor_kwargs": {"x": 1}}))
