@@ -23,6 +23,7 @@ _EXPORTS = {
     "EngineStats": "batchgen_data.engine.stats",
     "GenerationOutput": "batchgen_data.engine.outputs",
     "SamplingParams": "batchgen_data.engine.sampling_params",
+    "PoolingParams": "batchgen_data.engine.pooling_params",
     "StructuredOutputsParams": "batchgen_data.engine.structured.params",
     "BatchGenOperator": "batchgen_data.operators",
     "BatchGenProcessorConfig": "batchgen_data.processor",
@@ -69,6 +70,7 @@ __all__ = [
     "EngineStats",
     "GenerationOutput",
     "RequestError",
+    "PoolingParams",
     "SamplingParams",
     "StructuredOutputsParams",
     "build_processor",
@@ -78,6 +80,7 @@ if TYPE_CHECKING:
     from batchgen_data.config import EngineConfig
     from batchgen_data.engine.engine import Engine
     from batchgen_data.engine.outputs import GenerationOutput
+    from batchgen_data.engine.pooling_params import PoolingParams
     from batchgen_data.engine.sampling_params import SamplingParams
     from batchgen_data.engine.stats import EngineStats
     from batchgen_data.engine.structured.params import StructuredOutputsParams

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batchgen_data.engine_args import engine_config_fields, to_engine_config
+from batchgen_data.engine.pooling_params import POOLING_TASKS
 from batchgen_data.errors import ConfigError
 from batchgen_data.stage_configs import (
     ChatTemplateStageConfig,
@@ -37,7 +38,7 @@ from batchgen_data.stage_configs import (
     resolve_stage,
 )
 
-TASK_TYPES = ("generate", "embed", "classify")  # Ray's vLLMTaskType, less "score"
+TASK_TYPES = ("generate", *POOLING_TASKS)  # Ray's vLLMTaskType, less "score"
 # Keys Ray's vLLM builder takes in ``builder_kwargs`` (the others are build_processor's own).
 _BUILDER_KWARGS = frozenset({"chat_template_kwargs"})
 _RESERVED_BUILDER_KWARGS = frozenset({"preprocess", "postprocess", "preprocess_map_kwargs", "postprocess_map_kwargs"})

@@ -98,7 +98,7 @@ OUTPUT_TABLE: tuple[OutputColumn, ...] = (
     OutputColumn("prompt_token_ids", pa.list_(pa.int64()), _or_error(lambda out: list(out.prompt_token_ids), None)),
     # prompt tokens whose KV came from the prefix cache
     OutputColumn("num_cached_tokens", pa.int64(), _unless_failed(attrgetter("num_cached_tokens"))),
-    OutputColumn("embeddings", pa.list_(pa.float32()), _or_error(lambda out: getattr(out, "embeddings", None), None)),
+    OutputColumn("embeddings", pa.list_(pa.float32()), _or_error(attrgetter("embeddings"), None)),
     OutputColumn("logprobs", LOGPROBS_TYPE, lambda out: logprob_entries(out.logprobs)),
     OutputColumn("prompt_logprobs", LOGPROBS_TYPE, lambda out: logprob_entries(out.prompt_logprobs)),
     OutputColumn("finish_reason", pa.string(), attrgetter("finish_reason"), error_value="error"),

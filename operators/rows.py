@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any
 
 from batchgen_data.config import EngineConfig
+from batchgen_data.engine.pooling_params import POOLING_TASKS, PoolingParams
 from batchgen_data.engine.sampling_params import SamplingParams, normalize_structured_outputs
 from batchgen_data.engine.structured.params import StructuredOutputsParams
 from batchgen_data.engine.tokenizer import ChatPrompt, check_messages
@@ -28,6 +29,10 @@ from batchgen_data.errors import BatchGenError, ConfigError
 # ``tokenized_prompt`` (Ray's name) or ``prompt_token_ids`` (vLLM's) are what the engine runs.
 PROMPT_COLUMNS = ("messages", "tokenized_prompt", "prompt_token_ids", "prompt")
 SAMPLING_PARAMS_COLUMN = "sampling_params"
+# What a stage runs (Ray Data LLM's ``task_type``); the pooling ones read a row's
+# ``pooling_params`` (Ray's column) instead of its ``sampling_params``.
+TASK_TYPES = ("generate", *POOLING_TASKS)
+POOLING_PARAMS_COLUMN = "pooling_params"
 # A reader's reason to reject a row (an unparseable line, invalid bytes): the row becomes an
 # error row with this message, and the column is not passed through (it would repeat the error).
 INPUT_ERROR_COLUMN = "__input_error__"
@@ -60,7 +65,9 @@ class StageConfig:
         should_continue_on_error (bool, default True): a bad row becomes an error row; False
             raises instead.
         max_tokens, temperature, top_p, top_k, seed, stop, stop_token_ids, ignore_eos,
-            skip_special_tokens, logprobs, prompt_logprobs, structured_outputs: defaults for rows
+            skip_special_tokens, logprobs, prompt_logprobs, structured_outputs, presence_penalty,
+            frequency_penalty, repetition_penalty, min_p, min_tokens, logit_bias,
+            allowed_token_ids, bad_words: defaults for rows
             without their own ``sampling_params``, with vLLM's names and defaults
             (``max_tokens`` 16, ``top_p`` 1.0, ...) except ``temperature``, 0 (greedy) here; see
             ``STAGE_SAMPLING_DEFAULTS``.
@@ -79,6 +86,14 @@ class StageConfig:
         apply_chat_template (bool, default True): False reads no ``messages`` column (Ray Data
             LLM's ``chat_template_stage`` disabled): a row's prompt is its ``tokenized_prompt``,
             ``prompt_token_ids`` or ``prompt``.
+        detokenize_outputs (bool, default False): every row gets its ``generated_text``, even one
+            whose ``sampling_params`` say ``detokenize=False`` (Ray Data LLM's detokenize stage
+            decodes every row's tokens after the engine).
+        task_type (str, default "generate"): Ray Data LLM's ``task_type``: ``"generate"``, or
+            ``"embed"`` / ``"classify"`` (vLLM's pooling runner: each row runs prefill-only and
+            its ``embeddings`` column holds the embedding or the class probabilities; a row's
+            ``pooling_params`` dict, with ``vllm.PoolingParams`` names, replaces the defaults,
+            and the sampling fields are not used).
 
     Example:
         >>> StageConfig(model="demo", max_tokens=64, json_columns=["sampling_params"]).json_columns
@@ -106,10 +121,20 @@ class StageConfig:
     logprobs: int | None = STAGE_SAMPLING_DEFAULTS["logprobs"]
     prompt_logprobs: int | None = STAGE_SAMPLING_DEFAULTS["prompt_logprobs"]
     structured_outputs: StructuredOutputsParams | dict | None = STAGE_SAMPLING_DEFAULTS["structured_outputs"]
+    presence_penalty: float = STAGE_SAMPLING_DEFAULTS["presence_penalty"]
+    frequency_penalty: float = STAGE_SAMPLING_DEFAULTS["frequency_penalty"]
+    repetition_penalty: float = STAGE_SAMPLING_DEFAULTS["repetition_penalty"]
+    min_p: float = STAGE_SAMPLING_DEFAULTS["min_p"]
+    min_tokens: int = STAGE_SAMPLING_DEFAULTS["min_tokens"]
+    logit_bias: dict[int, float] | None = STAGE_SAMPLING_DEFAULTS["logit_bias"]
+    allowed_token_ids: list[int] | None = STAGE_SAMPLING_DEFAULTS["allowed_token_ids"]
+    bad_words: list[str] | None = STAGE_SAMPLING_DEFAULTS["bad_words"]
     chat_template: str | None = None
     chat_template_kwargs: dict | None = None
     json_columns: list[str] | None = None
     apply_chat_template: bool = True
+    detokenize_outputs: bool = False
+    task_type: str = "generate"
 
     def __post_init__(self) -> None:
         if isinstance(self.engine_config, dict):
@@ -129,9 +154,11 @@ class StageConfig:
             if found is not None:
                 raise ConfigError(f"{found.describe(name)}: text must be valid Unicode")
         self.default_params()  # validate defaults eagerly: a bad default is a config error
+        if self.task_type not in TASK_TYPES:
+            raise ConfigError(f"task_type must be one of {list(TASK_TYPES)}, got {self.task_type!r}")
 
     def default_params(self) -> SamplingParams:
-        return SamplingParams(**{name: getattr(self, name) for name in SAMPLING_FIELDS})
+        return SamplingParams(**{name: getattr(self, name) for name in SAMPLING_FIELDS if hasattr(self, name)})
 
 
 @dataclass(slots=True)
@@ -140,7 +167,7 @@ class PreparedRow:
 
     index: int
     prompt: Any = None
-    params: SamplingParams | None = None
+    params: SamplingParams | PoolingParams | None = None
     error: str | None = None
 
 
@@ -174,7 +201,10 @@ def prepare_rows(columns: dict[str, list], num_rows: int, config: StageConfig) -
                 row.prompt = _format_prompt(config.prompt_template, cells, i)
             else:
                 row.prompt = _read_prompt(*_first_prompt(cells, prompt_columns, i), config)
-            row.params = _row_params(cells.get(SAMPLING_PARAMS_COLUMN, i), defaults)
+            if config.task_type == "generate":
+                row.params = _row_params(cells.get(SAMPLING_PARAMS_COLUMN, i), defaults, config.detokenize_outputs)
+            else:
+                row.params = _row_pooling_params(cells.get(POOLING_PARAMS_COLUMN, i), config.task_type)
         except (BatchGenError, TypeError, ValueError) as err:
             row.prompt, row.params, row.error = None, None, str(err)
         rows.append(row)
@@ -279,10 +309,11 @@ def _read_prompt(value: Any, column: str, config: StageConfig) -> Any:
     )
 
 
-def _row_params(value: Any, defaults: SamplingParams) -> SamplingParams:
+def _row_params(value: Any, defaults: SamplingParams, detokenize_outputs: bool = False) -> SamplingParams:
     value = _to_python(value)
     if _is_null(value):  # absent; pandas shows a missing struct as NaN
-        return defaults
+        return defaults if defaults.detokenize or not detokenize_outputs else SamplingParams.from_dict(
+            {**defaults.to_dict(), "detokenize": True})
     if not isinstance(value, dict):
         raise RowError(f"sampling_params must be a dict, got {type(value).__name__}")
     _check_text(value, SAMPLING_PARAMS_COLUMN)
@@ -295,10 +326,39 @@ def _row_params(value: Any, defaults: SamplingParams) -> SamplingParams:
             # where this row has none): a JSON schema loses its null-valued keys (a schema
             # keyword is never null; ``"const": null`` is the one loss, and rare).
             own["structured_outputs"] = _drop_nulls(own["structured_outputs"])
+        _take_n(own)
         merged.update(own)
+        if detokenize_outputs:
+            merged["detokenize"] = True
         return SamplingParams.from_dict(merged)
     except ConfigError as err:
         raise RowError(f"invalid sampling_params: {err}") from None
+
+
+def _row_pooling_params(value: Any, task: str) -> PoolingParams:
+    """A row's ``pooling_params`` (vLLM's names; absent or null: the defaults) for ``task``."""
+    value = _to_python(value)
+    if _is_null(value):
+        return PoolingParams(task=task)
+    if not isinstance(value, dict):
+        raise RowError(f"pooling_params must be a dict, got {type(value).__name__}")
+    try:
+        # Arrow structs give every key (null where a row did not set it): null means "default".
+        own = {k: int(v) if isinstance(v, float) and v.is_integer() else v  # pandas: nullable ints as floats
+               for k, v in value.items() if not _is_null(v)}
+        return PoolingParams.from_dict(own).for_task(task)
+    except ConfigError as err:
+        raise RowError(f"invalid pooling_params: {err}") from None
+
+
+def _take_n(own: dict) -> None:
+    """vLLM's ``n`` (outputs per prompt), checked and taken out: Ray Data LLM's engine stage
+    keeps the first of a row's ``n`` outputs, so that one alone is generated."""
+    n = own.pop("n", 1)
+    if isinstance(n, float) and n.is_integer():  # pandas hands nullable ints in structs as floats
+        n = int(n)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(f"n must be an int >= 1, got {n!r}")
 
 
 def _check_text(value: Any, column: str) -> None:
@@ -328,8 +388,13 @@ def _coerce(name: str, value: Any) -> Any:
     """pandas turns nullable ints inside structs into floats (3 -> 3.0): take integral ones back."""
     if name in _INT_FIELDS and isinstance(value, float) and value.is_integer():
         return int(value)
-    if name == "stop_token_ids" and isinstance(value, (list, tuple)):
+    if name in ("stop_token_ids", "allowed_token_ids") and isinstance(value, (list, tuple)):
         return [int(v) if isinstance(v, float) and v.is_integer() else v for v in value]
+    if name == "logit_bias":
+        if isinstance(value, list) and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in value):
+            value = dict(value)  # an Arrow map column gives (key, value) pairs
+        if isinstance(value, dict):  # an Arrow struct gives every key of the column, null where unset
+            return {k: v for k, v in value.items() if not _is_null(v)}
     return value
 
 

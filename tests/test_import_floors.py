@@ -25,6 +25,7 @@ FLOORS = {
     "jobs": 5,
     "processor": 5,  # Ray Data LLM's processor API over the operator
     "engine_args": 5,  # vLLM's engine arguments (Ray Data LLM's engine_kwargs) as EngineConfig
+    "stage_configs": 5,  # Ray Data LLM's per-stage configs, read by the processor
 }
 
 

@@ -153,13 +153,31 @@ def build_tokenizer(folder: Path):
 
 def build_checkpoint(arch: str, folder: Path, seed: int = 0, std: float = 0.15, **config_overrides):
     """Build a random ``transformers`` model of ``arch``, save it to ``folder``; return the model."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
+
+    return _build(AutoModelForCausalLM, arch, folder, seed, std, config_overrides)
+
+
+def build_classifier_checkpoint(arch: str, folder: Path, num_labels: int = 3, seed: int = 0, std: float = 0.15,
+                                **config_overrides):
+    """A random ``*ForSequenceClassification`` model of ``arch`` (its ``score`` head has
+    ``num_labels`` outputs, labels named in ``id2label``), saved to ``folder``; returns it."""
+    from transformers import AutoModelForSequenceClassification
+
+    labels = {i: f"label_{i}" for i in range(num_labels)}
+    overrides = {"num_labels": num_labels, "id2label": labels, "label2id": {v: k for k, v in labels.items()},
+                 **config_overrides}
+    return _build(AutoModelForSequenceClassification, arch, folder, seed, std, overrides)
+
+
+def _build(auto_class, arch: str, folder: Path, seed: int, std: float, config_overrides: dict):
+    from transformers import AutoConfig
 
     torch.manual_seed(seed)
     spec = {**_COMMON, **ARCHITECTURES[arch], **config_overrides}
     model_type = spec.pop("model_type")
     config = AutoConfig.for_model(model_type, **spec)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    model = auto_class.from_config(config, dtype=torch.float32).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight") or "layernorm" in name:

@@ -27,6 +27,7 @@ from batchgen_data.engine.core.sequence import EXPORTABLE, SequenceState
 from batchgen_data.engine.engine import Engine
 from batchgen_data.engine.migration.planner import Move
 from batchgen_data.engine.outputs import GenerationOutput
+from batchgen_data.engine.pooling_params import PoolingParams
 from batchgen_data.engine.request_handle import RequestHandle
 from batchgen_data.engine.requests import pair_requests
 from batchgen_data.engine.sampling_params import SamplingParams
@@ -46,7 +47,7 @@ class MigratedOut:
 @dataclass(slots=True)
 class _Submission:
     prompt: object
-    params: SamplingParams | None
+    params: SamplingParams | PoolingParams | None
     deliver: Callable[[GenerationOutput | MigratedOut | BaseException], None]
     state: SequenceState | None = None  # continue a sequence exported elsewhere
     movable: bool = False  # ``migrate_out`` may take it away (its caller accepts a MigratedOut)
@@ -128,7 +129,9 @@ class AsyncEngine:
         return self.engine.num_unfinished + self._inbox.qsize()
 
     async def generate(self, prompts, sampling_params=None) -> list[GenerationOutput]:
-        """All outputs, in input order."""
+        """All outputs, in input order. ``sampling_params`` as ``Engine.generate``'s; a
+        ``PoolingParams`` with its task set (one, or one per prompt) makes pooling requests
+        (``Engine.add_request``), which share the running set with generating ones."""
         results: dict[int, GenerationOutput] = {}
         async for index, out in self._submit(prompts, sampling_params):
             results[index] = out
@@ -139,7 +142,7 @@ class AsyncEngine:
         async for item in self._submit(prompts, sampling_params):
             yield item
 
-    async def run_one(self, prompt, params: SamplingParams | None, state: SequenceState | None = None,
+    async def run_one(self, prompt, params: SamplingParams | PoolingParams | None, state: SequenceState | None = None,
                       movable: bool = True) -> GenerationOutput | MigratedOut:
         """One request (or the continuation of an exported ``state``): its output, or, if it is
         ``movable``, a ``MigratedOut`` when ``migrate_out`` took it away to run elsewhere."""

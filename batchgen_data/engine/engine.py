@@ -1,4 +1,5 @@
-"""The public entry point: ``Engine(model).generate(prompts, sampling_params)``.
+"""The public entry point: ``Engine(model).generate(prompts, sampling_params)``, and
+``embed`` / ``classify`` (vLLM's ``LLM`` names) for prefill-only pooling requests.
 
 The engine does request bookkeeping once — ids, seeds, tokenizing, validation, request handles,
 outputs, stats and the timeline — and hands each valid request to its executor as a
@@ -31,8 +32,9 @@ from batchgen_data.engine.core.request import FinishedRequest, NewRequest
 from batchgen_data.engine.core.sequence import EXPORTABLE, SequenceState, SequenceStatus
 from batchgen_data.engine.output_builder import OutputBuilder
 from batchgen_data.engine.outputs import GenerationOutput
+from batchgen_data.engine.pooling_params import PoolingParams
 from batchgen_data.engine.request_handle import RequestHandle
-from batchgen_data.engine.requests import pair_requests, truncate_prompt
+from batchgen_data.engine.requests import num_reserved_tokens, pair_requests, resolve_token_params, truncate_prompt
 from batchgen_data.engine.sampling_params import SamplingParams
 from batchgen_data.engine.stats import EngineStats
 from batchgen_data.engine.step_report import StepReport
@@ -65,7 +67,7 @@ class Engine:
     def __init__(self, model: str | os.PathLike = "demo", config: EngineConfig | None = None):
         self.config = config or EngineConfig()
         self.model_path = resolve_model(model)
-        model_config = ModelConfig.from_pretrained(self.model_path)
+        self.model_config = model_config = ModelConfig.from_pretrained(self.model_path)
         self.tokenizer = PromptTokenizer(self.model_path, model_config.vocab_size, model_config.eos_token_ids)
         self.max_model_len = resolve_max_model_len(self.config, model_config)
         self._start = time.perf_counter()
@@ -88,13 +90,15 @@ class Engine:
 
     # -- requests -------------------------------------------------------------------------------
 
-    def add_request(self, prompt, params: SamplingParams | None = None) -> RequestHandle:
+    def add_request(self, prompt, params: SamplingParams | PoolingParams | None = None) -> RequestHandle:
         """Queue one request and return its handle; an invalid one comes back already finished,
         its ``output`` an error row.
 
         Args:
             prompt: a string, a token-id list or a chat ``messages`` list.
-            params (SamplingParams | None): default ``SamplingParams()``.
+            params (SamplingParams | PoolingParams | None): default ``SamplingParams()``. A
+                ``PoolingParams`` with its ``task`` set ("embed" or "classify") makes a
+                prefill-only request whose output carries ``embeddings``.
         """
         request_id = self._new_request_id()
         now = self._now()
@@ -102,10 +106,12 @@ class Engine:
         seed = params.seed if isinstance(getattr(params, "seed", None), int) else self._rng.getrandbits(63)
         request = NewRequest(request_id, [], params, seed, arrival_s=now)
         try:
-            if not isinstance(params, SamplingParams):
-                raise ConfigError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+            if not isinstance(params, (SamplingParams, PoolingParams)):
+                raise ConfigError(f"params must be a SamplingParams or a PoolingParams, got {type(params).__name__}")
             params.verify()
+            self._check_task(params)
             request.prompt_token_ids = truncate_prompt(self.tokenizer.encode(prompt), params, self.max_model_len)
+            request.params = resolve_token_params(params, self.tokenizer)  # bad_words as token ids, ...
             self._check_fits(request)
         except BatchGenError as err:  # never reaches an executor
             handle = self._new_handle(request, RequestProgress(
@@ -125,13 +131,21 @@ class Engine:
         request_id, self._next_id = self._next_id, self._next_id + 1
         return request_id
 
+    def _check_task(self, params: SamplingParams | PoolingParams) -> None:
+        """The checkpoint runs the request's task: a pooling one (``PoolingParams.check_model``),
+        or generation, which a sequence classifier (no LM head) cannot do."""
+        if isinstance(params, PoolingParams):
+            params.check_model(self.model_config)
+        elif self.model_config.num_labels:
+            raise RequestError("this checkpoint is a sequence classifier (*ForSequenceClassification, no LM "
+                               "head): it runs classify (Engine.classify, task_type='classify'), not generation")
+
     def _check_fits(self, request: NewRequest) -> None:
         prompt_len = len(request.prompt_token_ids)
-        if prompt_len >= self.max_model_len:
-            raise RequestError(
-                f"prompt has {prompt_len} tokens; the context limit is {self.max_model_len} "
-                "(prompt plus at least one generated token)"
-            )
+        reserved = num_reserved_tokens(request.params)  # a generated token's slot; none to pool
+        if prompt_len + reserved > self.max_model_len:
+            what = " (prompt plus at least one generated token)" if reserved else ""
+            raise RequestError(f"prompt has {prompt_len} tokens; the context limit is {self.max_model_len}{what}")
         worst = min(prompt_len + request.params.max_tokens, self.max_model_len)
         block_size, num_blocks = self.executor.block_size, self.executor.num_kv_blocks
         if blocks_for(worst, block_size) > num_blocks:
@@ -209,6 +223,54 @@ class Engine:
         for out in self._run(handles):
             outputs[out.request_id] = out
         return [outputs[h.request_id] for h in handles]
+
+    def embed(self, prompts: SequenceABC | str,
+              pooling_params: PoolingParams | SequenceABC[PoolingParams] | None = None) -> list[GenerationOutput]:
+        """Embed every prompt (vLLM's ``LLM.embed``): each output's ``embeddings`` is the
+        final-normed hidden state at its last prompt token, L2-normalized unless
+        ``normalize=False``, cut to ``dimensions`` first on a matryoshka checkpoint. The rows
+        run prefill-only, in the same forwards as any other requests.
+
+        Args:
+            prompts: strings, token-id lists or chat ``messages`` lists; a single string is one.
+            pooling_params: one ``PoolingParams`` for all, or one per prompt; default
+                ``PoolingParams()``. Their ``task`` is set to "embed" (another one is an error).
+
+        Example:
+            >>> from batchgen_data import Engine
+            >>> [out] = Engine("demo").embed(["Hello"])
+            >>> len(out.embeddings), out.finish_reason
+            (256, 'stop')
+        """
+        return self._pool(prompts, pooling_params, "embed")
+
+    def classify(self, prompts: SequenceABC | str,
+                 pooling_params: PoolingParams | SequenceABC[PoolingParams] | None = None) -> list[GenerationOutput]:
+        """Classify every prompt (vLLM's ``LLM.classify``) with the checkpoint's
+        sequence-classification head (a ``*ForSequenceClassification`` checkpoint; others give
+        error rows): each output's ``embeddings`` holds the class probabilities (softmax over
+        the labels; the logits with ``use_activation=False``), label i being ``id2label[i]`` of
+        its config.json.
+
+        Args:
+            prompts: strings, token-id lists or chat ``messages`` lists; a single string is one.
+            pooling_params: one ``PoolingParams`` for all, or one per prompt; default
+                ``PoolingParams()``. Their ``task`` is set to "classify".
+
+        Example:
+            >>> from batchgen_data import Engine
+            >>> [out] = Engine("demo").classify(["Hello"])  # the demo model has no head
+            >>> out.finish_reason
+            'error'
+        """
+        return self._pool(prompts, pooling_params, "classify")
+
+    def _pool(self, prompts, pooling_params, task: str) -> list[GenerationOutput]:
+        prompts, params = pair_requests(prompts, pooling_params)
+        for p in params:
+            if p is not None and not isinstance(p, PoolingParams):
+                raise ConfigError(f"pooling_params must be PoolingParams, got {type(p).__name__}")
+        return self.generate(prompts, [(p or PoolingParams()).for_task(task) for p in params])
 
     def chat(self, messages: list, sampling_params=None, chat_template: str | None = None,
              chat_template_kwargs: dict | None = None) -> list[GenerationOutput]:

@@ -40,6 +40,7 @@ class OutputBuilder:
             logprobs=None if done.logprobs is None else [e.to_dict(self._decode_token) for e in done.logprobs],
             prompt_logprobs=None if done.prompt_logprobs is None else [
                 None if e is None else e.to_dict(self._decode_token) for e in done.prompt_logprobs],
+            embeddings=done.pooled_data,
             timings=RequestTimings(
                 queued_s=handle.arrival_s,
                 first_token_s=None if first_token_s is None else first_token_s - handle.arrival_s,

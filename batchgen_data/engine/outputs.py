@@ -25,6 +25,9 @@ class GenerationOutput:
     fields describe what was produced before it, usually nothing). ``logprobs`` (one
     ``{token_id: Logprob}`` per generated token) and ``prompt_logprobs`` (one per prompt token,
     the first None) are set when the request's ``SamplingParams`` asked for them, as in vLLM.
+    A pooling request (``Engine.embed`` / ``Engine.classify``, a ``PoolingParams``) generates
+    nothing (``finish_reason`` "stop", no tokens, empty text) and returns ``embeddings``: the
+    embedding, or the class probabilities (vLLM's ``PoolingOutput.data``); None otherwise.
     """
 
     request_id: int
@@ -38,4 +41,5 @@ class GenerationOutput:
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (vLLM's name)
     logprobs: list[dict[int, Logprob]] | None = None
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    embeddings: list[float] | None = None
     timings: RequestTimings = field(default_factory=RequestTimings)

@@ -15,6 +15,10 @@ MAX_LOGPROBS = 20
 SAMPLING_EPS = 1e-5
 # Ray Data LLM's name for ``structured_outputs`` (vLLM's before 0.10), accepted by ``from_dict``.
 GUIDED_DECODING_ALIAS = "guided_decoding"
+# presence_penalty and frequency_penalty bounds (vLLM's, after OpenAI's).
+MAX_ABS_PENALTY = 2.0
+# logit_bias values are clamped to [-100, 100] (OpenAI's range, as vLLM's OpenAI layer does).
+MAX_ABS_LOGIT_BIAS = 100.0
 
 
 @dataclass(slots=True)
@@ -52,6 +56,28 @@ class SamplingParams:
             regex, choice list or grammar the output must match (a dict of
             ``StructuredOutputsParams`` fields is fine). The output finishes with ``"stop"`` once
             the grammar is complete, or with ``"length"`` if ``max_tokens`` cut it short.
+        presence_penalty (float, default 0.0): in [-2, 2]; subtracted once from the logit of
+            every token the output already holds (> 0: new tokens; < 0: repeats).
+        frequency_penalty (float, default 0.0): in [-2, 2]; subtracted from each token's logit
+            once per time the output holds it.
+        repetition_penalty (float, default 1.0): > 0; the logit of every token in the prompt or
+            the output is divided by it when positive and multiplied by it otherwise (> 1:
+            new tokens).
+        min_p (float, default 0.0): in [0, 1]; a sampled row keeps only the tokens whose
+            probability (after temperature) is at least ``min_p`` times the top token's.
+        min_tokens (int, default 0): in [0, max_tokens]; until this many tokens are generated,
+            end-of-sequence and ``stop_token_ids`` are masked out and neither they nor stop
+            strings stop the output.
+        logit_bias (dict[int, float] | None, default None): added to the named tokens' logits;
+            keys may be int-like strings (as JSON gives them), values are clamped to
+            [-100, 100]. Token ids must be in the vocabulary.
+        allowed_token_ids (list[int] | None, default None): only these tokens can be generated.
+        bad_words (list[str] | None, default None): words that are never completed: each is
+            tokenized with and without a leading space, and the last token of a sequence is
+            masked whenever the output ends with the rest of it.
+        Penalties, bias and masks apply in vLLM's order (allowed tokens, bad words, min_tokens,
+        logit_bias, penalties, then temperature, min_p, top-k, top-p); ``logprobs`` still
+        report the model's own distribution (vLLM's default ``raw_logprobs``).
 
     Example:
         >>> SamplingParams(max_tokens=8, temperature=0).temperature
@@ -74,7 +100,22 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     structured_outputs: StructuredOutputsParams | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    min_tokens: int = 0
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
     _stop_strings: tuple[str, ...] = field(default=(), init=False, repr=False)
+    # Set by ``verify``: some logits processor or penalty changes this request's logits.
+    _adjusts_logits: bool = field(default=False, init=False, repr=False, compare=False)
+    # Resolved against the engine's tokenizer when the request is added (``requests.py``
+    # ``resolve_token_params``; vLLM's ``_bad_words_token_ids`` / ``_all_stop_token_ids``).
+    _bad_words_token_ids: tuple[tuple[int, ...], ...] | None = field(default=None, init=False, repr=False,
+                                                                     compare=False)
+    _all_stop_token_ids: frozenset[int] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.verify()
@@ -120,10 +161,81 @@ class SamplingParams:
                 raise ConfigError(f"{name} must be an int in [0, {MAX_LOGPROBS}] or None, got {value!r}")
         if self.structured_outputs is not None:
             self.structured_outputs = StructuredOutputsParams.from_value(self.structured_outputs)
+        self._verify_logits_processors()
+
+    def _verify_logits_processors(self) -> None:
+        """vLLM's checks and messages for the penalties and logits processors' fields."""
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = _as_float(name, getattr(self, name))
+            if not -MAX_ABS_PENALTY <= value <= MAX_ABS_PENALTY:
+                raise ConfigError(f"{name} must be in [-2, 2], got {value}")
+            setattr(self, name, value)
+        value = _as_float("repetition_penalty", self.repetition_penalty)
+        if not math.isfinite(value) or value <= 0.0:
+            raise ConfigError(f"repetition_penalty must be a finite number greater than zero, got {value}")
+        self.repetition_penalty = value
+        value = _as_float("min_p", self.min_p)
+        if not 0.0 <= value <= 1.0:
+            raise ConfigError(f"min_p must be in [0, 1], got {value}")
+        self.min_p = value
+        if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+            raise ConfigError(f"min_tokens must be an int greater than or equal to 0, got {self.min_tokens!r}")
+        if self.min_tokens > self.max_tokens:
+            raise ConfigError(f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
+                              f"got {self.min_tokens}")
+        if self.logit_bias is not None:
+            self.logit_bias = _logit_bias(self.logit_bias)
+        if self.allowed_token_ids is not None:
+            ids = self.allowed_token_ids
+            if isinstance(ids, (str, bytes, dict)) or not hasattr(ids, "__iter__"):
+                raise ConfigError(f"allowed_token_ids must be a list of token ids or None, got {ids!r}")
+            ids = list(ids)
+            if not ids:
+                raise ConfigError("allowed_token_ids must not be empty (None allows every token)")
+            if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+                raise ConfigError(f"allowed_token_ids must be ints, got {self.allowed_token_ids!r}")
+            self.allowed_token_ids = ids
+        if self.bad_words is not None:
+            words = self.bad_words
+            if isinstance(words, (str, bytes, dict)) or not hasattr(words, "__iter__"):
+                raise ConfigError(f"bad_words must be a list of strings or None, got {words!r}")
+            words = list(words)
+            if not all(isinstance(w, str) for w in words):
+                raise ConfigError(f"bad_words must be strings, got {self.bad_words!r}")
+            if not all(words):
+                raise ConfigError(f"bad_words cannot contain an empty string, got bad_words={words!r}")
+            self.bad_words = list(dict.fromkeys(words))  # vLLM drops repeats
+        self._adjusts_logits = bool(
+            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+            or (self.min_p and self.temperature > 0.0) or self.min_tokens or self.logit_bias
+            or self.allowed_token_ids is not None or self.bad_words)
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Some penalty or logits processor (min_p included) changes this request's sampling:
+        the sampler builds per-row data only for such rows."""
+        return self._adjusts_logits
+
+    @property
+    def has_penalties(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
+
+    @property
+    def bad_words_token_ids(self) -> tuple[tuple[int, ...], ...]:
+        """``bad_words`` as token sequences (resolved when the request is added; empty before)."""
+        return self._bad_words_token_ids or ()
+
+    @property
+    def all_stop_token_ids(self) -> frozenset[int]:
+        """The tokens ``min_tokens`` masks: ``stop_token_ids`` and the model's end-of-sequence
+        tokens (even with ``ignore_eos``, as vLLM), once the request is added."""
+        if self._all_stop_token_ids is not None:
+            return self._all_stop_token_ids
+        return frozenset(self.stop_token_ids or ())
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
@@ -157,6 +269,36 @@ class SamplingParams:
             16
         """
         return cls().to_dict()
+
+
+def _as_float(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise ConfigError(f"{name} must be a number, got {value!r}")
+    return float(value)
+
+
+def _logit_bias(values) -> dict[int, float]:
+    """``{token id: bias}`` with int-like string keys taken as ints and biases clamped to
+    [-100, 100] (vLLM's ``SamplingParams.from_optional``, which its OpenAI layer uses)."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"logit_bias must be a dict of token id -> bias or None, got {values!r}")
+    out: dict[int, float] = {}
+    for key, bias in values.items():
+        token = key if isinstance(key, int) and not isinstance(key, bool) else _int_like(key)
+        if token is None:
+            raise ConfigError(f"logit_bias contains a key that cannot be converted to an integer token id: {key!r}")
+        bias = _as_float(f"logit_bias[{key!r}]", bias)
+        out[token] = min(MAX_ABS_LOGIT_BIAS, max(-MAX_ABS_LOGIT_BIAS, bias))
+    return out
+
+
+def _int_like(key) -> int | None:
+    if isinstance(key, str):
+        try:
+            return int(key.strip())
+        except ValueError:
+            return None
+    return None
 
 
 def normalize_structured_outputs(values: dict) -> dict:

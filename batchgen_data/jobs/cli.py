@@ -1,7 +1,13 @@
 """``batchgen-data``: run a MoE model over a folder of Parquet / JSONL / CSV rows.
 
     batchgen-data run INPUT OUTPUT [--model PATH|demo] [--prompt-column COL]
-                      [--max-tokens N] [--weight-memory SIZE] [--workers N] [--address ADDR] ...
+                      [--task generate|embed|classify] [--max-tokens N] [--weight-memory SIZE]
+                      [--workers N] [--address ADDR] ...
+
+--task embed writes each row's embedding (the last prompt token's final hidden state,
+L2-normalized) to the embeddings column; --task classify writes the class probabilities of a
+*ForSequenceClassification checkpoint's head there. Rows may carry a pooling_params column
+(vLLM's PoolingParams names: dimensions, normalize, use_activation, truncate_prompt_tokens).
 
 Interrupted (Ctrl-C, kill -9)? Run the same command again: finished parts are kept, the rest is
 redone, and every input row comes out exactly once.
@@ -24,7 +30,7 @@ from pathlib import Path
 
 from batchgen_data.errors import BatchGenError, ConfigError
 from batchgen_data.jobs.sizes import parse_byte_size
-from batchgen_data.operators.rows import STAGE_SAMPLING_DEFAULTS
+from batchgen_data.operators.rows import STAGE_SAMPLING_DEFAULTS, TASK_TYPES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="'demo' (default) or a local checkpoint folder")
     run.add_argument("--prompt-column", default=None,
                      help="column holding prompts (default: prompt, messages or prompt_token_ids)")
+    run.add_argument("--task", choices=TASK_TYPES, default="generate",
+                     help="generate text (default), or embed / classify each row prefill-only into "
+                          "the embeddings column (Ray Data LLM's task_type)")
     run.add_argument("--prompt-template", default=None,
                      help="build prompts from columns: a text with {column} placeholders, "
                           "or a file holding it")
@@ -210,6 +219,7 @@ def _main(argv: list[str] | None) -> int:
                                        expert_parallel_size=args.expert_parallel_size,
                                        weight_memory_bytes=args.weight_memory,
                                        enable_prefix_caching=args.enable_prefix_caching),
+            task_type=args.task,
             prompt_column=args.prompt_column,
             prompt_template=_read_template(args.prompt_template),
             should_continue_on_error=not args.fail_on_error,

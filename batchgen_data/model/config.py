@@ -70,6 +70,11 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
     pad_token_id: int | None = None
+    # A sequence-classification head (``*ForSequenceClassification``: ``score.weight`` [L, H]):
+    # its label count L (0: none) and the activation that turns its logits into probabilities
+    # ("softmax", "sigmoid" or "identity"; see ``families.read_classifier``).
+    num_labels: int = 0
+    classifier_activation: str = "softmax"
     raw: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -78,6 +83,16 @@ class ModelConfig:
 
     def is_sparse_layer(self, layer_id: int) -> bool:
         return layer_id in self.sparse_layer_ids
+
+    @property
+    def matryoshka_dimensions(self) -> list[int] | None:
+        """The embedding sizes the checkpoint was trained to be truncated to (config.json)."""
+        return self.raw.get("matryoshka_dimensions") or None
+
+    @property
+    def is_matryoshka(self) -> bool:
+        """Whether its embeddings may be truncated (``PoolingParams.dimensions``), as vLLM reads it."""
+        return bool(self.matryoshka_dimensions) or bool(self.raw.get("is_matryoshka", False))
 
     @property
     def norm_topk_prob(self) -> bool:

@@ -24,7 +24,25 @@ def read_family(cfg: dict) -> dict:
     if reader is None:
         raise UnsupportedModelError(f"model_type {model_type!r} is not supported; supported: {sorted(FAMILIES)}")
     _check_quantization(cfg, model_type)
-    return reader(cfg)
+    return {**reader(cfg), **read_classifier(cfg)}
+
+
+# A Hugging Face ``problem_type`` -> the activation turning the head's logits into scores
+# (vLLM's ``get_classification_activation_function``, after transformers' loss per problem type).
+_PROBLEM_ACTIVATIONS = {"regression": "identity", "multi_label_classification": "sigmoid"}
+
+
+def read_classifier(cfg: dict) -> dict:
+    """The sequence-classification head of a ``*ForSequenceClassification`` checkpoint (vLLM's
+    ``as_seq_cls_model``: ``score``, hidden -> labels, on the last token): its label count (from
+    ``id2label``, as transformers counts them) and its activation; nothing for a causal LM."""
+    if not any(str(a).endswith("ForSequenceClassification") for a in cfg.get("architectures") or ()):
+        return {}
+    labels = cfg.get("id2label")
+    num_labels = len(labels) if labels else int(cfg.get("num_labels", 2))
+    problem = cfg.get("problem_type")
+    activation = _PROBLEM_ACTIVATIONS.get(problem, "sigmoid" if num_labels < 2 else "softmax")
+    return dict(num_labels=num_labels, classifier_activation=activation)
 
 
 def _common(cfg: dict, num_experts_key: str) -> dict:

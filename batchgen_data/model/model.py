@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from batchgen_data.model.attention.metadata import AttentionBatch, AttentionMetadata
+from batchgen_data.errors import CheckpointError
 from batchgen_data.model.attention.spec import KVSpec
 from batchgen_data.model.checkpoint import CheckpointReader
 from batchgen_data.model.config import ModelConfig
@@ -31,12 +32,14 @@ class MoEModel:
     """The model's weights as modules; see the module docstring for the call order."""
 
     def __init__(self, config: ModelConfig, embed_tokens, layers: list[DecoderLayer], norm, lm_head,
-                 device, dtype, expert_store: ExpertStore | None = None, dense_weight_bytes: int = 0):
+                 device, dtype, expert_store: ExpertStore | None = None, dense_weight_bytes: int = 0,
+                 score=None):
         self.config = config
         self.embed_tokens = embed_tokens  # [V, H]
         self.layers = layers
         self.norm = norm  # [H]
         self.lm_head = lm_head  # [V, H]
+        self.score = score  # [L, H]: a sequence-classification head (``config.num_labels``), or None
         self.device, self.dtype = device, dtype
         self.expert_store = expert_store
         self.dense_weight_bytes = dense_weight_bytes  # every weight but the routed experts
@@ -67,7 +70,9 @@ class MoEModel:
             lm_head = embed
         else:
             lm_head = reader.get("lm_head.weight")
-        return cls(config, embed, layers, reader.get("model.norm.weight"), lm_head, device, dtype, store, dense_bytes)
+        score = _read_score(reader, config)
+        return cls(config, embed, layers, reader.get("model.norm.weight"), lm_head, device, dtype, store, dense_bytes,
+                   score)
 
     @property
     def kv_specs(self) -> list[KVSpec]:
@@ -154,9 +159,14 @@ class MoEModel:
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_ids, self.embed_tokens)  # [T, H]
 
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [N, H] from ``forward`` -> the model's output states [N, H] (its final norm):
+        what the LM head and the pooler read."""
+        return rms_norm(hidden, self.norm, self.config.rms_norm_eps)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [N, H] (usually the last token of each sequence) -> fp32 logits [N, V]."""
-        logits = linear(rms_norm(hidden, self.norm, self.config.rms_norm_eps), self.lm_head)  # [N, V]
+        logits = linear(self.final_norm(hidden), self.lm_head)  # [N, V]
         return logits.float().contiguous()  # row-major: the sampler reduces along V
 
     def forward(
@@ -184,6 +194,21 @@ class MoEModel:
             if trace is not None:
                 trace.add(t1 - t0, time.perf_counter() - t1, counts)
         return h
+
+
+def _read_score(reader: CheckpointReader, config: ModelConfig) -> torch.Tensor | None:
+    """The classification head of a ``*ForSequenceClassification`` checkpoint, in fp32 (vLLM
+    runs it in fp32), checked against the label count; None for a causal LM."""
+    if not config.num_labels:
+        return None
+    if not reader.has("score.weight"):
+        raise CheckpointError(f"config.json declares a sequence classifier ({config.num_labels} labels) but the "
+                              "checkpoint has no score.weight")
+    score = reader.get("score.weight", torch.float32)  # [L, H]
+    if tuple(score.shape) != (config.num_labels, config.hidden_size):
+        raise CheckpointError(f"score.weight has shape {tuple(score.shape)}; config.json implies "
+                              f"({config.num_labels}, {config.hidden_size}) (num_labels, hidden_size)")
+    return score
 
 
 @dataclass(slots=True)

@@ -89,9 +89,12 @@ def test_first_argmax_block_search_keeps_argmax_semantics(vocab):
 
 def test_sampler_steps_run_in_their_declared_order_and_only_for_rows_that_ask():
     from batchgen_data.engine.sample.sampler import Sampler
-    from batchgen_data.engine.sample.steps import SAMPLING_STEPS, CaptureLogprobs, GrammarMask, Sample
+    from batchgen_data.engine.sample.steps import (SAMPLING_STEPS, AllowedTokenIds, BadWords, CaptureLogprobs,
+                                                   GrammarMask, KeepRawLogits, LogitBias, MinTokens, Penalties,
+                                                   Sample)
 
-    assert [type(s) for s in SAMPLING_STEPS] == [GrammarMask, Sample, CaptureLogprobs]
+    assert [type(s) for s in SAMPLING_STEPS] == [GrammarMask, KeepRawLogits, AllowedTokenIds, BadWords, MinTokens,
+                                                 LogitBias, Penalties, Sample, CaptureLogprobs]  # vLLM's order
     ran = []
 
     class Spy:

@@ -21,7 +21,7 @@ import time
 import numpy as np
 import pyarrow as pa
 import pytest
-from batchgen_data.operators.columns import ERROR_COLUMN, OUTPUT_SCHEMA, RAY_LLM_FORMS, RowResult
+from batchgen_data.operators.columns import ERROR_COLUMN, OUTPUT_SCHEMA, RowResult
 from batchgen_data.operators.rows import PROMPT_COLUMNS, StageConfig
 from batchgen_data.operators.stage import finish_batch, prepare_batch
 from batchgen_data.operators.surrogates import find_lone_surrogate
@@ -81,6 +81,16 @@ SAMPLING_VALUES = {
     "prompt_logprobs": st.integers(0, 20) | st.integers(-1, 21) | JSON,
     "structured_outputs": CONSTRAINTS,
     "guided_decoding": CONSTRAINTS,
+    "presence_penalty": st.floats(-2, 2) | st.floats() | JSON,
+    "frequency_penalty": st.floats(-2, 2) | st.floats() | JSON,
+    "repetition_penalty": st.floats(0.1, 3) | st.floats() | JSON,
+    "min_p": st.floats(0, 1) | st.floats() | JSON,
+    "min_tokens": st.integers(0, MAX_TOKENS) | st.integers() | JSON,
+    "logit_bias": st.dictionaries(st.integers(0, 151_000) | st.integers(0, 151_000).map(str), st.floats(-200, 200),
+                                  max_size=3) | st.dictionaries(TEXT, JSON, max_size=2) | JSON,
+    "allowed_token_ids": st.lists(st.integers(0, 151_000), min_size=1, max_size=4) | st.lists(st.integers(), max_size=3)
+    | JSON,
+    "bad_words": st.lists(WORDS, max_size=2) | JSON,
 }
 SAMPLING_PARAMS = st.one_of(
     JSON,
@@ -171,8 +181,6 @@ def test_every_row_comes_out_as_a_result_or_an_error_row(engine, rows, fmt):
     assert [int(i) for i in out["id"]] == [row["id"] for row in rows]  # every row, in order
     for name in OUTPUT_SCHEMA.names:
         values = list(out[name])
-        if fmt == "numpy" and name in RAY_LLM_FORMS:
-            continue  # Ray Data LLM's dicts, by token id: not the Arrow form
         pa.array(values, type=OUTPUT_SCHEMA.field(name).type)  # valid text, the column's type
     for i, row in enumerate(rows):
         error, reason = out[ERROR_COLUMN][i], out["finish_reason"][i]
@@ -181,7 +189,7 @@ def test_every_row_comes_out_as_a_result_or_an_error_row(engine, rows, fmt):
             assert 1 <= out["num_generated_tokens"][i] <= MAX_TOKENS, row
         else:
             assert isinstance(error, str) and error.strip() and reason == "error", row
-            assert out["generated_text"][i] is None, row
+            assert out["generated_text"][i] == "", row
         params = row.get("sampling_params")
         has_surrogate = find_lone_surrogate(_read_value(row)) is not None or (
             isinstance(params, dict) and find_lone_surrogate(params) is not None)

@@ -31,7 +31,7 @@ class GrammarGate:
 
     def attach(self, seq: Sequence) -> None:
         """Start compiling a constrained sequence's grammar; it waits for it from now on."""
-        if seq.params.structured_outputs is None:
+        if seq.is_pooling or seq.params.structured_outputs is None:
             return
         if self.structured is None:
             raise RuntimeError("a sequence with structured_outputs reached a scheduler without a grammar manager")

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from batchgen_data.engine.core.sequence import Sequence
+    from batchgen_data.engine.pooling_params import PoolingParams
     from batchgen_data.engine.sample.logprobs import TokenLogprobs
     from batchgen_data.engine.sampling_params import SamplingParams
 
@@ -24,14 +25,15 @@ class NewRequest:
 
     request_id: int
     prompt_token_ids: list[int]
-    params: SamplingParams
+    params: SamplingParams | PoolingParams  # PoolingParams: a prefill-only (embed, classify) request
     seed: int
     arrival_s: float = 0.0  # the engine's clock
 
 
 @dataclass(slots=True)
 class FinishedRequest:
-    """A request's result as its scheduler left it (``finish_reason``: stop, length or error)."""
+    """A request's result as its scheduler left it (``finish_reason``: stop, length or error;
+    a pooling request's ``pooled_data``: its embedding or class probabilities)."""
 
     request_id: int
     output_token_ids: list[int]
@@ -41,9 +43,10 @@ class FinishedRequest:
     num_cached_tokens: int | None = None  # prompt tokens its first admission found cached
     logprobs: list[TokenLogprobs] | None = None  # one per output token, when asked
     prompt_logprobs: list[TokenLogprobs | None] | None = None
+    pooled_data: list[float] | None = None
 
     @classmethod
     def of(cls, seq: Sequence) -> FinishedRequest:
         """A finished scheduler record, read (by its executor)."""
         return cls(seq.request_id, list(seq.output_token_ids), seq.finish_reason or "error", seq.error,
-                   seq.stop_text_len, seq.num_cached_tokens, seq.logprobs, seq.prompt_logprobs)
+                   seq.stop_text_len, seq.num_cached_tokens, seq.logprobs, seq.prompt_logprobs, seq.pooled_data)

@@ -23,7 +23,8 @@ class ModelRunnerOutput:
     computing prompt positions with ``prompt_logprobs`` to (the prompt index of its first entry,
     the entries) for this forward's positions. ``host_kv`` maps
     each sequence swapped out in this step to the KV read out of its pages (the scheduler keeps
-    it until the sequence resumes).
+    it until the sequence resumes). ``pooled_data`` maps each pooling request whose prompt this
+    forward completed to its pooler output (embedding or class probabilities).
     """
 
     req_ids: list[int] = field(default_factory=list)
@@ -31,6 +32,7 @@ class ModelRunnerOutput:
     logprobs: list[Any] | None = None
     prompt_logprobs: dict[int, tuple[int, list[Any]]] = field(default_factory=dict)
     host_kv: dict[int, torch.Tensor] = field(default_factory=dict)
+    pooled_data: dict[int, list[float]] = field(default_factory=dict)
 
     @property
     def num_sampled(self) -> int:

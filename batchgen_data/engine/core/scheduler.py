@@ -22,7 +22,10 @@ NOTE: one step of ``schedule()``:
      constrained ones that sample get their grammar's bitmask of allowed tokens.
 ``update()`` then applies the runner's ``ModelRunnerOutput``: keeps swapped-out KV, commits the
 blocks whose KV is now complete to the prefix cache, appends sampled tokens (advancing the
-grammars), applies the stop rules and frees finished sequences.
+grammars), applies the stop rules and frees finished sequences. A pooling sequence (embed,
+classify) is scheduled like any prompt, in chunks; the forward that completes its prompt pools
+it instead of sampling, and it finishes there ("stop", no token), its blocks freed at once (their
+names stay in the prefix cache for rows sharing the prefix).
 Per-sequence Python work here is O(1) per step; page work happens once per page of tokens.
 
 The scheduler keeps policy; the KV manager (``kv_manager.py``) owns blocks and the prefix cache,
@@ -146,8 +149,7 @@ class Scheduler(MigrateMethods):
                                       self.config.enable_chunked_prefill), swap_out, swap_in,
                               finished=finished)
         if self.grammars.structured is not None:
-            sampling = [seq for seq, smp in zip(out.seqs, out.samples) if smp]
-            out.grammar_rows, out.grammar_bitmask = self.grammars.bitmask(sampling)
+            out.grammar_rows, out.grammar_bitmask = self.grammars.bitmask(out.sampling_seqs)
         return out
 
     def _poll_grammars(self) -> list[Sequence]:
@@ -253,7 +255,7 @@ class Scheduler(MigrateMethods):
         if not self.kv.can_admit(seq, computed, headroom=len(self.running)):  # a page per running seq
             return False
         hit = self.kv.admit(seq, computed)
-        if self.config.enable_prefix_caching and seq.num_computed_tokens == 0 and seq.params.prompt_logprobs is None:
+        if self.config.enable_prefix_caching and seq.num_computed_tokens == 0 and not seq.wants_prompt_logprobs:
             seq.num_computed_tokens = hit
             self.stats.num_prefix_query_tokens += seq.num_tokens
             self.stats.num_prefix_hit_tokens += hit
@@ -284,12 +286,21 @@ class Scheduler(MigrateMethods):
                 add_prompt_logprobs(seq, *result.prompt_logprobs[seq.request_id])
             if not samples:
                 continue
+            if seq.is_pooling:  # its prompt is computed: pooled, done
+                seq.pooled_data = result.pooled_data[seq.request_id]
+                self._finish(seq, "stop", now_s)
+                finished.append(seq)
+                continue
             token = next(tokens)
             seq.append_token(token, next(logprobs, None), now_s)
             reason, error = self.stops.check(seq, token)
             if reason is not None:
-                self.running.remove(seq)
-                self.kv.free(seq)
-                seq.finish(reason, now_s, error=error)
+                self._finish(seq, reason, now_s, error)
                 finished.append(seq)
         return finished
+
+    def _finish(self, seq: Sequence, reason: str, now_s: float, error: str | None = None) -> None:
+        """A running sequence is done: out of the running set, its blocks freed."""
+        self.running.remove(seq)
+        self.kv.free(seq)
+        seq.finish(reason, now_s, error=error)

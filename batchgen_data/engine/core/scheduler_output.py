@@ -19,7 +19,9 @@ class SchedulerOutput:
 
     seqs: list[Sequence]
     query_lens: list[int]
-    samples: list[bool]  # the sequence's pending tokens all run now: sample its next token
+    # The sequence's pending tokens all run now: sample its next token (a pooling sequence is
+    # pooled instead: its prompt is complete).
+    samples: list[bool]
     # Save these pages' KV to host first (the runner returns it in ``ModelRunnerOutput.host_kv``)...
     swap_out: list[tuple[Sequence, list[int]]] = field(default_factory=list)
     # ...then restore host KV into the sequences' new pages. ``None``: the sequence was swapped
@@ -35,6 +37,12 @@ class SchedulerOutput:
     @property
     def num_tokens(self) -> int:
         return sum(self.query_lens)
+
+    @property
+    def sampling_seqs(self) -> list[Sequence]:
+        """The sequences that sample a token in this forward, in batch order (the grammar rows
+        and the runner's sampled tokens index this list)."""
+        return [seq for seq, last in zip(self.seqs, self.samples) if last and not seq.is_pooling]
 
     @property
     def is_progress(self) -> bool:

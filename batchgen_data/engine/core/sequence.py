@@ -12,6 +12,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from batchgen_data.engine.pooling_params import PoolingParams
 from batchgen_data.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # the scheduler imports this module and stays torch-free
@@ -26,7 +27,7 @@ class SequenceStatus(enum.Enum):
     WAITING = "waiting"  # in the waiting pool, never run
     RUNNING = "running"  # holds KV pages in the pool; scheduled every step
     SUSPENDED = "suspended"  # yielded for memory: KV on host (swapped) or dropped (recompute)
-    FINISHED = "finished"  # stop / length / error; KV freed
+    FINISHED = "finished"  # stop / length / error (a pooling request: pooled, "stop"); KV freed
     EXPORTED = "exported"  # migrated out of this engine (its state lives elsewhere now)
 
 
@@ -72,7 +73,7 @@ class SequenceState:
     request_id: int
     prompt_token_ids: list[int]
     output_token_ids: list[int]
-    params: SamplingParams
+    params: SamplingParams | PoolingParams
     seed: int
     kv: torch.Tensor | None = None  # [num_tokens_in_kv, values per token] (``KVCache.read_tokens``)
     logprobs: list[TokenLogprobs] | None = None  # one per output token, when asked
@@ -83,7 +84,7 @@ class SequenceState:
 class Sequence:
     request_id: int
     prompt_token_ids: list[int]
-    params: SamplingParams
+    params: SamplingParams | PoolingParams  # PoolingParams: prefill-only, pooled when its prompt is computed
     seed: int
     arrival_s: float = 0.0
     output_token_ids: list[int] = field(default_factory=list)
@@ -113,6 +114,9 @@ class Sequence:
     # the prompt's entries computed so far when ``params.prompt_logprobs`` is (entry 0 is None).
     logprobs: list[TokenLogprobs] | None = None
     prompt_logprobs: list[TokenLogprobs | None] | None = None
+    # A pooling request's result (the scheduler's, from the runner's pooler): the embedding or
+    # the class probabilities (vLLM's ``PoolingOutput.data``).
+    pooled_data: list[float] | None = None
 
     @classmethod
     def from_state(cls, state: SequenceState, request_id: int, now_s: float) -> Sequence:
@@ -137,6 +141,17 @@ class Sequence:
         if new not in TRANSITIONS[self.status]:
             raise RuntimeError(f"sequence {self.request_id}: illegal transition {self.status.name} -> {new.name}")
         self.status = new
+
+    @property
+    def is_pooling(self) -> bool:
+        """A prefill-only request (embed, classify): it finishes, pooled, when its prompt is
+        computed, and never samples."""
+        return isinstance(self.params, PoolingParams)
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Its prompt positions each need their logprobs (so none may come from the cache)."""
+        return not self.is_pooling and self.params.prompt_logprobs is not None
 
     @property
     def num_prompt_tokens(self) -> int:

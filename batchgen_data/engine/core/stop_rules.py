@@ -5,6 +5,11 @@ error; then vLLM's stop rules in their order (``stop_reason``): end of sequence 
 ``ignore_eos``), ``stop_token_ids``, stop strings (found by detokenizing the tail, then cut where
 the first one starts), ``max_tokens`` and the context limit; then a grammar that is complete
 (nothing but end-of-sequence could follow) stops the sequence.
+
+``min_tokens`` holds back the first three as vLLM does: end of sequence and stop tokens do not
+stop an output shorter than ``min_tokens`` (``check_stop``), and stop strings count only once
+the output is longer than that, and only where they end after the text of its first
+``min_tokens`` tokens (its detokenizer does not search that text).
 """
 
 from __future__ import annotations
@@ -46,11 +51,13 @@ def stop_reason(seq: Sequence, token: int, eos_token_ids: frozenset[int], max_mo
     """``"stop"``, ``"length"`` or None (go on) after ``token`` was appended to ``seq``; a hit
     stop string also sets ``seq.stop_text_len``."""
     params = seq.params
-    if not params.ignore_eos and token in eos_token_ids:
-        return "stop"
-    if params.stop_token_ids and token in params.stop_token_ids:
-        return "stop"
-    if params.stop_strings and detokenize is not None and _hits_stop_string(seq, detokenize):
+    if seq.num_generated >= params.min_tokens:
+        if not params.ignore_eos and token in eos_token_ids:
+            return "stop"
+        if params.stop_token_ids and token in params.stop_token_ids:
+            return "stop"
+    if (params.stop_strings and detokenize is not None and seq.num_generated > params.min_tokens
+            and _hits_stop_string(seq, detokenize)):
         return "stop"
     if seq.num_generated >= params.max_tokens or seq.num_tokens >= max_model_len:
         return "length"
@@ -64,7 +71,9 @@ def _hits_stop_string(seq: Sequence, detokenize: Callable[[list[int]], str]) -> 
     if not any(s in tail for s in stops):
         return False
     text = detokenize(seq.output_token_ids)
-    hits = [(i, len(s)) for i, s in ((text.find(s), s) for s in stops) if i >= 0]
+    min_tokens = seq.params.min_tokens
+    held = len(detokenize(seq.output_token_ids[:min_tokens])) if min_tokens else 0  # text never searched
+    hits = [(i, len(s)) for i, s in ((text.find(s, max(0, held - len(s) + 1)), s) for s in stops) if i >= 0]
     if not hits:
         return False
     cut, length = min(hits)  # the first stop string in the text (the shortest among equals: it ended first)

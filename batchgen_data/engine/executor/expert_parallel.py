@@ -135,7 +135,8 @@ class ExpertParallelExecutor:
         for request in self._unplaced:
             rank = min(range(len(commands)), key=lambda r: (tokens_left[r], r))
             commands[rank].add.append(request)
-            tokens_left[rank] += request.params.max_tokens
+            # A pooling row generates nothing; it counts as one step's token so such rows spread.
+            tokens_left[rank] += max(1, request.params.max_tokens)
             self._rank_of[request.request_id] = rank
             self._published[request.request_id] = RequestProgress.of_new(request)
         self._unplaced = []

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from batchgen_data.engine.sample.processors import ProcessorRows
+
 
 @dataclass(slots=True)
 class SamplingBatch:
@@ -33,14 +35,24 @@ class SamplingBatch:
     # Logprobs: the rows that asked, and how many top tokens each lists.
     logprob_rows: list[int] | None = None
     logprob_ks: list[int] | None = None
+    # Logits processors and penalties (``processors.py``): what the asking rows want, or None;
+    # min_p per row on the logits' device (0: off) when a sampling row has one; the logprob
+    # rows whose logits a processor changes (their logprobs are of the logits before it).
+    processors: ProcessorRows | None = None
+    min_ps: torch.Tensor | None = None  # [N] fp32
+    raw_logprob_rows: list[int] | None = None
 
     @classmethod
     def build(cls, temperatures: list[float], top_ps: list[float], top_ks: list[int], seeds: list[int],
               steps: list[int], device: torch.device | str = "cpu", bitmask_rows: list[int] | None = None,
-              token_bitmask: np.ndarray | None = None, logprobs: list[int | None] | None = None) -> SamplingBatch:
+              token_bitmask: np.ndarray | None = None, logprobs: list[int | None] | None = None,
+              processors: ProcessorRows | None = None) -> SamplingBatch:
         """From per-row Python values (one list per parameter, N each), the grammar masks of
-        the constrained rows, and each row's ``logprobs`` (None: not asked)."""
+        the constrained rows, each row's ``logprobs`` (None: not asked) and the asking rows'
+        logits processors (``ProcessorRows.build``; None: no row asks)."""
         logprob_rows = None if logprobs is None else [i for i, k in enumerate(logprobs) if k is not None]
+        changed = frozenset(processors.changed_rows) if processors is not None else frozenset()
+        raw_logprob_rows = [r for r in logprob_rows if r in changed] if logprob_rows and changed else None
         return cls(
             temperatures=torch.tensor(temperatures, dtype=torch.float32, device=device),
             top_ps=torch.tensor(top_ps, dtype=torch.float32, device=device),
@@ -52,11 +64,17 @@ class SamplingBatch:
             any_top_p=any(p < 1.0 for p, t in zip(top_ps, temperatures) if t > 0.0),
             bitmask_rows=bitmask_rows if token_bitmask is not None else None,
             token_bitmask=token_bitmask,
-            # A row whose logprobs are asked is masked whole: its logprobs see the masked logits.
+            # A row whose logprobs are asked is masked whole: its logprobs see the masked logits;
+            # so is a row a logits processor changes after the mask (its pick is made after it).
             bitmask_greedy=None if token_bitmask is None else [
-                temperatures[r] == 0.0 and (logprobs is None or logprobs[r] is None) for r in bitmask_rows],
+                temperatures[r] == 0.0 and (logprobs is None or logprobs[r] is None) and r not in changed
+                for r in bitmask_rows],
             logprob_rows=logprob_rows or None,
             logprob_ks=[logprobs[i] for i in logprob_rows] if logprob_rows else None,
+            processors=processors,
+            min_ps=None if processors is None or processors.min_ps is None else torch.tensor(
+                processors.min_ps, dtype=torch.float32, device=device),
+            raw_logprob_rows=raw_logprob_rows or None,
         )
 
     def __len__(self) -> int:

@@ -1,5 +1,5 @@
-"""The sampling kernels: counter-based noise, seeded Gumbel-max sampling, top-k, top-p, and a
-first-maximum argmax (see ``sampler.py`` for why the noise is counter-based)."""
+"""The sampling kernels: counter-based noise, seeded Gumbel-max sampling, min-p, top-k, top-p,
+and a first-maximum argmax (see ``sampler.py`` for why the noise is counter-based)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,14 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     idx = (batch.temperatures > 0.0).nonzero().squeeze(1)  # [n] rows that sample
     if idx.numel() == 0:
         return tokens
+    num_min_p = 0
+    if batch.min_ps is not None:  # rows with a min-p first: their scaled logits are then a view
+        has_min_p = batch.min_ps[idx] > 0.0
+        idx = torch.cat([idx[has_min_p], idx[~has_min_p]])
+        num_min_p = int(has_min_p.sum())
     scaled = logits[idx] / batch.temperatures[idx, None]  # [n, V]
+    if num_min_p:  # vLLM's order: temperature, min-p, top-k, top-p
+        _apply_min_p(scaled[:num_min_p], batch.min_ps[idx[:num_min_p]])
     if batch.any_top_k:
         scaled = _apply_top_k(scaled, batch.top_ks[idx])
     if batch.any_top_p:
@@ -84,6 +91,15 @@ def _gumbel_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch
     for row, key in enumerate(keys.tolist()):
         uniform[row].uniform_(generator=torch.Generator().manual_seed(key))
     return -torch.log(-torch.log(uniform.clamp_(min=1e-12, max=1.0 - 1e-7)))
+
+
+def _apply_min_p(scaled: torch.Tensor, min_ps: torch.Tensor) -> None:
+    """scaled: [m, V], changed in place; min_ps: [m] fp32. A token whose probability under
+    ``scaled`` is below min_p times the top token's gets -inf (vLLM's ``MinPLogitsProcessor``:
+    the comparison on softmax probabilities, in fp32)."""
+    probs = torch.softmax(scaled, dim=-1)
+    threshold = probs.amax(dim=-1, keepdim=True).mul_(min_ps[:, None])  # [m, 1]
+    scaled.masked_fill_(probs < threshold, float("-inf"))
 
 
 def _apply_top_k(scaled: torch.Tensor, top_ks: torch.Tensor) -> torch.Tensor:

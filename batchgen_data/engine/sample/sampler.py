@@ -36,9 +36,11 @@ class SamplerOutput:
 class Sampler:
     """``logits -> SamplerOutput``: its steps (``steps.py``), in their declared order, each on
     the rows that ask for it: the grammar bitmasks of the constrained rows (structured outputs),
-    then ``sample`` — greedy, temperature, top-k, top-p and seeded sampling all pick from the
-    masked distribution — then logprob capture, from the logits as they are then (the model's,
-    masked by the grammar), before temperature and top-k/top-p.
+    then vLLM's logits processors and penalties (allowed tokens, bad words, min_tokens,
+    logit_bias, repetition / frequency / presence), then ``sample`` — greedy, temperature, min-p,
+    top-k, top-p and seeded sampling all pick from the processed distribution — then logprob
+    capture, from the model's logits (masked by the grammar), before processors, temperature and
+    top-k/top-p.
 
     Example:
         >>> import torch

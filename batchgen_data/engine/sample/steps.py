@@ -4,9 +4,18 @@ NOTE: a step runs only when the batch has rows that ask for it (``applies``), so
 plain rows pays for none of them. The order is part of the semantics, as in vLLM's sampler:
   1. ``GrammarMask``     structured outputs: disallowed tokens of constrained rows get -inf
                          (greedy rows that allow few tokens are picked here, with no write);
-     (logits processors that change scores — penalties, bias — belong here, after the mask)
-  2. ``Sample``          greedy / temperature / top-k / top-p with per-row counter noise;
-  3. ``CaptureLogprobs`` the asked rows' logprobs of the logits as the model gave them, masked.
+                         vLLM applies the grammar's bitmask before its sampler, too;
+  2. ``KeepRawLogits``   logprob rows a processor below changes: a copy of their logits now
+                         (vLLM's ``raw_logprobs``: before processors and penalties);
+  3. ``AllowedTokenIds`` every token but the row's ``allowed_token_ids`` gets -inf;
+  4. ``BadWords``        the last token of a bad word the output's tail would complete: -inf;
+  5. ``MinTokens``       stop and end-of-sequence tokens, while ``min_tokens`` is not reached;
+  6. ``LogitBias``       ``logit_bias`` added;
+  7. ``Penalties``       repetition (prompt and output), frequency and presence (output);
+  8. ``Sample``          greedy on these logits, or temperature / min-p / top-k / top-p with
+                         per-row counter noise (``kernels.sample``);
+  9. ``CaptureLogprobs`` the asked rows' logprobs of the logits as the model gave them, masked.
+Steps 3-7 write only the (row, token) pairs their rows ask for (``processors.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from batchgen_data.engine.sample.bitmask import apply_token_bitmask
 from batchgen_data.engine.sample.kernels import sample
 from batchgen_data.engine.sample.logprob_capture import token_logprobs
 from batchgen_data.engine.sample.logprobs import TokenLogprobs
+from batchgen_data.engine.sample.penalties import apply_penalties
 
 
 @dataclass(slots=True)
@@ -31,6 +41,7 @@ class SamplingState:
     tokens: torch.Tensor | None = None  # [N] int64, once sampled
     forced: Any = None  # ``BitmaskPicks``: greedy constrained rows the mask step already chose
     logprobs: list[TokenLogprobs | None] | None = None
+    raw_logits: torch.Tensor | None = None  # [r, V]: ``batch.raw_logprob_rows`` before the processors
 
 
 class SamplingStep(Protocol):
@@ -50,6 +61,78 @@ class GrammarMask:
     def __call__(self, state: SamplingState, batch: SamplingBatch) -> None:
         state.forced = apply_token_bitmask(state.logits, batch.token_bitmask, batch.bitmask_rows,
                                            batch.bitmask_greedy)
+
+
+class KeepRawLogits:
+    """The logits, now, of the logprob rows a processor below changes (their logprobs stay the
+    model's distribution)."""
+
+    def applies(self, batch: SamplingBatch) -> bool:
+        return batch.raw_logprob_rows is not None
+
+    def __call__(self, state: SamplingState, batch: SamplingBatch) -> None:
+        state.raw_logits = state.logits[torch.tensor(batch.raw_logprob_rows, device=state.logits.device)]
+
+
+class AllowedTokenIds:
+    """Only the row's ``allowed_token_ids`` keep their logits."""
+
+    def applies(self, batch: SamplingBatch) -> bool:
+        return batch.processors is not None and bool(batch.processors.allowed_rows)
+
+    def __call__(self, state: SamplingState, batch: SamplingBatch) -> None:
+        logits, processors = state.logits, batch.processors
+        for row, token_ids in zip(processors.allowed_rows, processors.allowed_token_ids):
+            index = torch.tensor(token_ids, device=logits.device)
+            kept = logits[row].index_select(0, index)
+            logits[row].fill_(float("-inf")).index_copy_(0, index, kept)
+
+
+class BadWords:
+    """-inf at the last token of each bad word the output's tail would complete."""
+
+    def applies(self, batch: SamplingBatch) -> bool:
+        return batch.processors is not None and bool(batch.processors.bad_word_rows)
+
+    def __call__(self, state: SamplingState, batch: SamplingBatch) -> None:
+        _set_minus_inf(state.logits, batch.processors.bad_word_rows, batch.processors.bad_word_tokens)
+
+
+class MinTokens:
+    """-inf at the stop and end-of-sequence tokens of rows short of their ``min_tokens``."""
+
+    def applies(self, batch: SamplingBatch) -> bool:
+        return batch.processors is not None and bool(batch.processors.min_tokens_rows)
+
+    def __call__(self, state: SamplingState, batch: SamplingBatch) -> None:
+        _set_minus_inf(state.logits, batch.processors.min_tokens_rows, batch.processors.min_tokens_tokens)
+
+
+class LogitBias:
+    """Each row's ``logit_bias`` added to its tokens' logits."""
+
+    def applies(self, batch: SamplingBatch) -> bool:
+        return batch.processors is not None and bool(batch.processors.bias_rows)
+
+    def __call__(self, state: SamplingState, batch: SamplingBatch) -> None:
+        processors, device = batch.processors, state.logits.device
+        index = (torch.tensor(processors.bias_rows, device=device), torch.tensor(processors.bias_tokens, device=device))
+        state.logits[index] += torch.tensor(processors.bias_values, dtype=torch.float32, device=device)
+
+
+class Penalties:
+    """Repetition, frequency and presence penalties (``penalties.py``)."""
+
+    def applies(self, batch: SamplingBatch) -> bool:
+        return batch.processors is not None and batch.processors.penalties is not None
+
+    def __call__(self, state: SamplingState, batch: SamplingBatch) -> None:
+        apply_penalties(state.logits, batch.processors.penalties)
+
+
+def _set_minus_inf(logits: torch.Tensor, rows: list[int], tokens: list[int]) -> None:
+    index = (torch.tensor(rows, device=logits.device), torch.tensor(tokens, device=logits.device))
+    logits.index_put_(index, torch.tensor(float("-inf"), device=logits.device))
 
 
 class Sample:
@@ -74,6 +157,8 @@ class CaptureLogprobs:
 
     def __call__(self, state: SamplingState, batch: SamplingBatch) -> None:
         logits, tokens = state.logits, state.tokens
+        if state.raw_logits is not None:  # the token is chosen: processed rows get their model logits back
+            logits[torch.tensor(batch.raw_logprob_rows, device=logits.device)] = state.raw_logits
         if len(batch.logprob_rows) == len(batch):  # every row: no [n, V] gather (the logits are done with)
             computed = token_logprobs(logits, tokens, batch.logprob_ks, overwrite=True)
         else:
@@ -85,4 +170,5 @@ class CaptureLogprobs:
         state.logprobs = per_row
 
 
-SAMPLING_STEPS = (GrammarMask(), Sample(), CaptureLogprobs())
+SAMPLING_STEPS = (GrammarMask(), KeepRawLogits(), AllowedTokenIds(), BadWords(), MinTokens(), LogitBias(),
+                  Penalties(), Sample(), CaptureLogprobs())

@@ -9,6 +9,7 @@ NOTE: the forward of one step, for the combined batch of B_moe sequences:
       h = h + o_proj(a)                                      # COMBINE again for the projection
       h = ffn_block(h)                                       # COMBINE: router + experts on all tokens
   logits = lm_head(norm(h[last token of each sampling sequence])); tokens = sample(logits)
+  pooled = pooler(norm(h[last prompt token of each pooling sequence whose prompt is complete]))
 Metadata for each micro-batch is built once per step and reused by every layer, so per-sequence
 Python work is per step, not per layer.
 """
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from batchgen_data.engine.sample.logprob_capture import token_logprobs
+from batchgen_data.engine.worker.pooler import pool
 from batchgen_data.engine.core.runner_output import ModelRunnerOutput
 from batchgen_data.engine.sample.sampler import Sampler, SamplingBatch
 from batchgen_data.engine.core.scheduler import SchedulerOutput
@@ -58,9 +60,9 @@ class RunnerStats:
     expert_tokens: int = 0  # routed token rows over those calls
     last_tokens_per_expert_call: float = 0.0
     # The last step's wall seconds per module group ("attention": norms, projections and
-    # attention cores; "moe": routers, experts and dense FFNs; "logits": final norm, lm_head and
-    # sampling). On CUDA, asynchronous kernels blur the split: each group's host syncs absorb the
-    # device time queued before them.
+    # attention cores; "moe": routers, experts and dense FFNs; "logits": final norm, lm_head,
+    # sampling and the pooler). On CUDA, asynchronous kernels blur the split: each group's host
+    # syncs absorb the device time queued before them.
     last_module_s: dict[str, float] = field(default_factory=dict)
     last_work: StepWork = field(default_factory=StepWork)
 
@@ -83,7 +85,8 @@ class ModelRunner:
         self.stats = RunnerStats()
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
-        """Run the forward; one sampled token per sampling sequence, in batch order."""
+        """Run the forward; one sampled token per sampling sequence, in batch order, and the
+        pooled output of each pooling sequence whose prompt it completes."""
         self.stats.last_module_s.update(attention=0.0, moe=0.0, logits=0.0)
         self.stats.last_work = work = StepWork()
         result = ModelRunnerOutput(host_kv=self._swap(out))
@@ -93,16 +96,16 @@ class ModelRunner:
                 self.stats.num_idle_forwards += 1
             return result
         device = self.model.device
-        input_ids, metas, sample_rows, prompt_rows = [], [], [], []
+        input_ids, metas, sample_rows, pool_rows, prompt_rows = [], [], [], [], []
         for group in self._micro_batches(out):
             seqs = [out.seqs[i] for i in group]
             qlens = [out.query_lens[i] for i in group]
             for i, seq, qlen in zip(group, seqs, qlens):
-                if seq.params.prompt_logprobs is not None:
+                if seq.wants_prompt_logprobs:
                     prompt_rows += _prompt_logprob_rows(seq, qlen, len(input_ids))
                 input_ids += seq.token_ids_range(seq.num_computed_tokens, seq.num_computed_tokens + qlen)
-                if out.samples[i]:
-                    sample_rows.append((i, len(input_ids) - 1))
+                if out.samples[i]:  # its last pending token: sampled from, or pooled
+                    (pool_rows if seq.is_pooling else sample_rows).append((i, len(input_ids) - 1))
             ctx = [s.num_computed_tokens + q for s, q in zip(seqs, qlens)]
             work.context_tokens += sum(ctx)
             work.attended_keys += sum(q * (c - q) + q * (q + 1) // 2 for q, c in zip(qlens, ctx))
@@ -117,12 +120,19 @@ class ModelRunner:
         t_logits = time.perf_counter()
         if last_rows:
             logits = self.model.compute_logits(hidden[torch.tensor(last_rows, device=device)])  # [N, V]
-            sampling = [s for s, smp in zip(out.seqs, out.samples) if smp]
+            sampling = out.sampling_seqs
             result.req_ids = [s.request_id for s in sampling]
             batch = _sampling_batch(sampling, device, out.grammar_rows, out.grammar_bitmask)
             sampled = self.sampler(logits, batch)
             result.sampled_token_ids = sampled.token_ids.tolist()
             result.logprobs = sampled.logprobs
+        if pool_rows:
+            pool_rows.sort()  # batch order
+            pooling = [out.seqs[i] for i, _ in pool_rows]
+            rows = torch.tensor([row for _, row in pool_rows], device=device)
+            states = self.model.final_norm(hidden[rows])  # [P, H]: the last prompt positions' states
+            pooled = pool(self.model, states, [s.params for s in pooling])
+            result.pooled_data = {s.request_id: data for s, data in zip(pooling, pooled)}
         if prompt_rows:
             result.prompt_logprobs = self._prompt_logprobs(hidden, prompt_rows)
         t_end = time.perf_counter()
@@ -218,6 +228,8 @@ def _prompt_logprob_rows(seq: Sequence, qlen: int, base: int) -> list[tuple[int,
 
 def _sampling_batch(seqs: list[Sequence], device: torch.device, grammar_rows: list[int],
                     grammar_bitmask) -> SamplingBatch:
+    from batchgen_data.engine.sample.processors import ProcessorRows
+
     return SamplingBatch.build(
         temperatures=[s.params.temperature for s in seqs],
         top_ps=[s.params.top_p for s in seqs],
@@ -228,4 +240,5 @@ def _sampling_batch(seqs: list[Sequence], device: torch.device, grammar_rows: li
         bitmask_rows=grammar_rows,
         token_bitmask=grammar_bitmask,
         logprobs=[s.params.logprobs for s in seqs] if any(s.params.logprobs is not None for s in seqs) else None,
+        processors=ProcessorRows.of(seqs),  # None unless a row asks for a logits processor or penalty
     )
