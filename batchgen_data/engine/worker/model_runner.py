@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from batchgen_data.engine.sample.logprob_capture import token_logprobs
+from batchgen_data.engine.sample.processors import ProcessorRows
 from batchgen_data.engine.worker.pooler import pool
 from batchgen_data.engine.core.runner_output import ModelRunnerOutput
 from batchgen_data.engine.sample.sampler import Sampler, SamplingBatch
@@ -228,8 +229,6 @@ def _prompt_logprob_rows(seq: Sequence, qlen: int, base: int) -> list[tuple[int,
 
 def _sampling_batch(seqs: list[Sequence], device: torch.device, grammar_rows: list[int],
                     grammar_bitmask) -> SamplingBatch:
-    from batchgen_data.engine.sample.processors import ProcessorRows
-
     return SamplingBatch.build(
         temperatures=[s.params.temperature for s in seqs],
         top_ps=[s.params.top_p for s in seqs],
