@@ -1,37 +1,47 @@
-"""Skew benchmark: does cross-actor rebalancing pay where it can, and cost nothing where it can't?
+"""Skew benchmark: does cross-actor rebalancing pay where it can, and cost nothing where it can't,
+on a grid of skewed workloads rather than one configuration?
 
-    .venv/bin/python benchmarks/skew.py             # ~9 min on 2 CPUs (5 repetitions)
+    .venv/bin/python benchmarks/skew.py            # the seeded grid, 5 off/on pairs each (~1-2 h on 2 CPUs)
+    .venv/bin/python benchmarks/skew.py --quick    # 2 scenarios x 2 pairs: a smoke test (~5 min)
+    .venv/bin/python benchmarks/skew.py --list     # print the grid and exit
 
-Two ``BatchGenOperator`` actors on the demo model (``ActorPoolStrategy(size=2)``, 0.5 CPU each),
-each running at most ``--max-num-seqs`` sequences at once. Short rows ask for ``--short-tokens``
-tokens, long rows for ``--long-tokens``; the long rows sit together in the first block (sorted
-input, the common case). Three workloads, each repetition in one Ray cluster:
+``BatchGenOperator`` actors on the demo model (``ActorPoolStrategy(size=actors,
+max_concurrent_calls_per_actor=2, max_tasks_in_flight_per_actor=2)``, 0.5 CPU each). A scenario
+(``Scenario``) sets the rows (48-512), the block size (= ``batch_size``), the share of long rows
+and where they sit (front, middle, spread evenly, shuffled), the long and short lengths
+(``ignore_eos``), ``max_num_seqs`` (8 to the engine's default) and the actor count (2 or 3). The
+grid (``grid``) is a few fixed anchors (the issue's workloads and the earlier single-configuration
+benchmark) plus scenarios drawn with ``--seed``. Each scenario runs as ``--pairs`` off/on pairs
+(no rebalancing, rebalancing), the order alternating pair by pair, all in one Ray cluster after an
+untimed warm-up; the coordinator is killed after every run, so each rebalanced run starts its own
+as a job would.
 
-  * in-set (control): few long rows (``--in-set-long-rows``), all fitting in one actor's running
-    set beside its short rows: nothing to gain from moving work, so rebalancing must cost nothing;
-  * queued: more long rows (``--queued-long-rows``) than one running set holds, so without
-    rebalancing they queue behind each other in the actor that got their block;
-  * shuffled: the queued rows shuffled, without rebalancing: the reference a perfect
-    rebalancer should match.
-
-Ratios are taken within a repetition (no rebalancing over rebalancing), and the order of the
-runs alternates between repetitions. Reports min / median / max of each ratio, and where each
-run's time went per actor (steps, idle gaps, work-pool calls, moves with their KV bytes and
-seconds, recomputed tokens). Writes ``skew.json`` and a per-actor timeline ``skew_timeline.png``
-(the median repetition) under ``--out``.
+Per scenario it reports the median and min over pairs of the wall ratio (off / on, the whole
+``map_batches`` job with actor start-up) and of the span ratio (first to last engine step over
+all actors: start-up noise left out), the rebalanced span against the best possible (the work
+divided evenly: ``ideal_steps`` at the run's median step time), and where the time went per actor
+in the worst pair. Classes and targets (``TARGETS``): ``in-set`` (the long rows fit one running
+set) and ``shuffled`` must not lose (median >= 0.98, every pair >= 0.95); ``queued`` (the long rows
+of one block queue behind one actor's running set) must gain (median >= 1.4, every pair >= 1.25,
+span within 10% of the ideal); ``mixed`` is reported without a target. Writes ``skew.json`` and
+``skew.md`` (the table, with the command and the CPU) under ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import platform
 import random
+import shlex
 import shutil
 import statistics
 import sys
 import tempfile
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -40,209 +50,331 @@ from batchgen_data import BatchGenOperator  # noqa: E402
 
 # A gap between two engine steps longer than this counts as idle time on the timeline.
 _IDLE_GAP_S = 0.2
+# The engine's default running set (``EngineConfig.max_num_seqs``), for scenarios that keep it.
+_DEFAULT_MAX_NUM_SEQS = 256
+# Calls in flight per actor, and tasks Ray Data may queue at it (no batch waits behind a busy one).
+_CONCURRENCY = 2
+# A drawn scenario whose run without rebalancing would take longer than this (estimated at
+# ``_STEP_S_ESTIMATE`` per step) is drawn again: the grid must fit an afternoon on 2 CPUs.
+_MAX_STEPS = 1400
+_STEP_S_ESTIMATE = 0.03
+
+TARGETS = {  # class -> (median at least, every pair at least, rebalanced span over the ideal at most)
+    "in-set": (0.98, 0.95, None),
+    "shuffled": (0.98, 0.95, None),
+    "queued": (1.4, 1.25, 1.10),
+}
 
 
-def make_rows(num_rows: int, num_long: int, short_tokens: int, long_tokens: int, clustered: bool, seed: int = 0):
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    rows: int
+    block_size: int
+    num_long: int
+    position: str  # "front", "middle", "spread" or "shuffled"
+    long_tokens: int
+    short_tokens: int
+    max_num_seqs: int | None  # None: the engine's default
+    actors: int
+
+    @property
+    def running_set(self) -> int:
+        return self.max_num_seqs or _DEFAULT_MAX_NUM_SEQS
+
+    def long_indices(self, seed: int) -> list[int]:
+        n, k = self.rows, self.num_long
+        if self.position == "front":
+            return list(range(k))
+        if self.position == "middle":
+            return list(range((n - k) // 2, (n - k) // 2 + k))
+        if self.position == "spread":
+            return [round(i * n / k) for i in range(k)]
+        return sorted(random.Random(seed).sample(range(n), k))
+
+    @property
+    def kind(self) -> str:
+        """The class its target comes from (module docstring): ``queued`` where every long row
+        sits in one block (so without rebalancing one actor gets them all, however Ray Data
+        dispatches) and they outnumber its running set."""
+        if self.position == "shuffled":
+            return "shuffled"
+        if self.num_long <= self.running_set:
+            return "in-set"
+        blocks = {i // self.block_size for i in self.long_indices(0)}
+        return "queued" if len(blocks) == 1 else "mixed"
+
+    def ideal_steps(self) -> int:
+        """Steps with the work divided evenly over every actor's running slots (a lower bound:
+        no row runs faster than one token a step)."""
+        tokens = self.num_long * self.long_tokens + (self.rows - self.num_long) * self.short_tokens
+        return max(self.long_tokens, math.ceil(tokens / (self.actors * self.running_set)))
+
+    def steps_without_rebalancing(self) -> int:
+        """A rough upper bound: every long row on one actor, in waves of its running set."""
+        waves = math.ceil(self.num_long / self.running_set)
+        return waves * self.long_tokens + self.short_tokens * math.ceil(self.rows / self.running_set)
+
+
+def make_rows(scenario: Scenario, seed: int) -> list[dict]:
     rng = random.Random(seed)
-    lens = [long_tokens] * num_long + [short_tokens] * (num_rows - num_long)  # sorted: long ones first
-    if not clustered:
-        rng.shuffle(lens)
+    long_rows = set(scenario.long_indices(seed))
     return [{"id": i, "prompt": f"Order {i}: the parcel {rng.randrange(10**6)} arrived damaged, please advise.",
-             "sampling_params": {"max_tokens": n, "ignore_eos": True}} for i, n in enumerate(lens)]
+             "sampling_params": {"max_tokens": scenario.long_tokens if i in long_rows else scenario.short_tokens,
+                                 "ignore_eos": True}}
+            for i in range(scenario.rows)]
 
 
-def warm_up(ray, args) -> None:
+ANCHORS = (
+    # The issue's workloads (#33): 2 actors, the default running set, 8 long rows at the front.
+    Scenario("issue-in-set", 96, 16, 8, "front", 256, 8, None, 2),
+    Scenario("issue-queued", 96, 16, 16, "front", 256, 8, 8, 2),
+    # The earlier single-configuration benchmark (128 rows, blocks of 32, max_num_seqs 8).
+    Scenario("v1-in-set", 128, 32, 4, "front", 256, 8, 8, 2),
+    Scenario("v1-queued", 128, 32, 32, "front", 256, 8, 8, 2),
+    Scenario("v1-shuffled", 128, 32, 32, "shuffled", 256, 8, 8, 2),
+)
+DIMENSIONS = {
+    "rows": (48, 96, 128, 256, 512),
+    "block_size": (8, 16, 32, 64),
+    "long_share": (1 / 16, 1 / 8, 1 / 4),
+    "position": ("front", "middle", "spread", "shuffled"),
+    "long_tokens": (128, 256),
+    "short_tokens": (8, 16),
+    "max_num_seqs": (8, 16, 32, None),
+    "actors": (2, 3),
+}
+
+
+def grid(seed: int, num_drawn: int) -> list[Scenario]:
+    """The anchors, then ``num_drawn`` scenarios drawn with ``seed`` from ``DIMENSIONS``, their
+    classes in turn (queued, in-set, shuffled, mixed: each class comes up), a draw of another
+    class or one that would run too long drawn again. Blocks are of a size listed that still
+    makes three blocks at least."""
+    rng = random.Random(seed)
+    kinds = ("queued", "in-set", "shuffled", "mixed")
+    scenarios = list(ANCHORS)
+    for i in range(num_drawn):
+        kind = kinds[i % len(kinds)]
+        while True:
+            pick = {dim: rng.choice(values) for dim, values in DIMENSIONS.items()}
+            if (pick["position"] == "shuffled") != (kind == "shuffled"):
+                continue
+            block = rng.choice([b for b in DIMENSIONS["block_size"] if b <= max(8, pick["rows"] // 3)])
+            num_long = max(1, round(pick["rows"] * pick["long_share"]))
+            scenario = Scenario(f"g{i:02d}-{kind}", pick["rows"], block, num_long, pick["position"],
+                                pick["long_tokens"], pick["short_tokens"], pick["max_num_seqs"], pick["actors"])
+            if scenario.kind == kind and scenario.steps_without_rebalancing() <= _MAX_STEPS:
+                break
+        scenarios.append(scenario)
+    return scenarios
+
+
+QUICK = (Scenario("quick-in-set", 48, 16, 4, "front", 128, 8, None, 2),
+         Scenario("quick-queued", 48, 16, 16, "front", 128, 8, 8, 2))
+
+
+def warm_up(ray, actors: int) -> None:
     """One small untimed job first, so no timed case pays the cold start alone (worker processes,
     imports from a cold page cache, the demo checkpoint, the engine's GEMM plan)."""
-    rows = make_rows(4 * args.actors, 0, 4, 4, clustered=True)
-    ray.data.from_items(rows).repartition(args.actors).map_batches(
-        BatchGenOperator, fn_constructor_kwargs={"model": args.model, "rebalance": False}, batch_size=4,
-        compute=ray.data.ActorPoolStrategy(size=args.actors), num_cpus=0.5,
+    rows = make_rows(Scenario("warm-up", 4 * actors, 4, 0, "front", 4, 4, None, actors), 0)
+    ray.data.from_items(rows).repartition(actors).map_batches(
+        BatchGenOperator, fn_constructor_kwargs={"model": "demo", "rebalance": False}, batch_size=4,
+        compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=0.5,
     ).take_all()
 
 
-def run_case(ray, rows, args, rebalance: bool, stats_dir: Path) -> dict:
+def run_case(ray, scenario: Scenario, rows: list[dict], rebalance: bool, stats_dir: Path) -> dict:
     shutil.rmtree(stats_dir, ignore_errors=True)
     stats_dir.mkdir(parents=True)
-    ds = ray.data.from_items(rows).repartition(args.blocks)
+    engine_config = {} if scenario.max_num_seqs is None else {"max_num_seqs": scenario.max_num_seqs}
+    ds = ray.data.from_items(rows).repartition(math.ceil(scenario.rows / scenario.block_size))
     start = time.time()
     out = ds.map_batches(
         BatchGenOperator,
-        fn_constructor_kwargs={"model": args.model, "engine_config": {"max_num_seqs": args.max_num_seqs},
-                               "rebalance": rebalance, "stats_dir": str(stats_dir)},
-        batch_size=args.batch_size,
-        compute=ray.data.ActorPoolStrategy(size=args.actors, max_concurrent_calls_per_actor=args.concurrency,
-                                           # no batches queued behind a busy actor's running ones
-                                           max_tasks_in_flight_per_actor=args.concurrency),
+        fn_constructor_kwargs={"model": "demo", "engine_config": engine_config, "rebalance": rebalance,
+                               "stats_dir": str(stats_dir)},
+        batch_size=scenario.block_size,
+        compute=ray.data.ActorPoolStrategy(size=scenario.actors, max_concurrent_calls_per_actor=_CONCURRENCY,
+                                           max_tasks_in_flight_per_actor=_CONCURRENCY),
         num_cpus=0.5,
     ).take_all()
     wall = time.time() - start
+    if rebalance:
+        _kill_coordinators(ray)
     assert sorted(r["id"] for r in out) == [r["id"] for r in rows], "rows lost or duplicated"
     actors = [where_time_went(json.loads(p.read_text()), start, wall) for p in sorted(stats_dir.glob("actor-*.json"))]
-    return {"rebalance": rebalance, "completion_s": wall,
-            "num_output_tokens": sum(r["num_generated_tokens"] for r in out), "actors": actors}
+    steps = [a for a in actors if a["num_steps"]]
+    span = max(a["last_step_s"] for a in steps) - min(a["first_step_s"] for a in steps)
+    step_times = sorted(s for a in steps for s in a["step_times"])
+    for a in actors:
+        del a["step_times"]
+    return {"rebalance": rebalance, "wall_s": wall, "span_s": span, "median_step_s": statistics.median(step_times),
+            "actors": actors}
+
+
+def _kill_coordinators(ray) -> None:
+    """End the stage's coordinator: the next rebalanced run starts its own, as a new job would."""
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if actor["name"].startswith("batchgen-pool-"):
+            ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]))
 
 
 def where_time_went(report: dict, job_start: float, wall: float) -> dict:
-    """One actor's run: engine steps, idle gaps, work-pool calls, moves, recompute."""
+    """One actor's run: engine steps, idle gaps, work-pool calls, moves, start-up."""
     steps = report["timeline"]
     at = [report["start_wall"] + s["t"] - job_start for s in steps]  # each step's end, job time
     busy = sum(s["step_s"] for s in steps)
     gaps = [(a - s["step_s"]) - b for a, b, s in zip(at[1:], at, steps[1:])]
     reb = report["rebalance"] or {}
+    since = {key: (reb[key] - job_start if reb.get(key) else None)
+             for key in ("ready_wall", "first_call_wall", "first_items_wall")}
     return {
         "pid": report["pid"], "num_steps": len(steps), "busy_s": busy,
+        "engine_start_s": report["start_wall"] - job_start, **since,
         "first_step_s": at[0] - steps[0]["step_s"] if steps else None, "last_step_s": at[-1] if steps else None,
         "idle_gap_s": sum(g for g in gaps if g > _IDLE_GAP_S), "idle_fraction": max(0.0, 1 - busy / wall),
+        "calibration_s": reb.get("calibration_s", 0.0), "calibrated_per_seq_s": reb.get("calibrated_per_seq_s", 0.0),
         "pool_calls": reb.get("num_pool_calls", 0), "pool_call_s": reb.get("pool_call_s", 0.0),
+        "pool_held_s": reb.get("pool_held_s", 0.0), "leased": reb.get("num_leased", 0),
         "given_back": reb.get("num_given_back", 0), "continued": reb.get("num_continued", 0),
-        "moved_kv_bytes": reb.get("migrated_out_bytes", 0), "migrate_out_s": reb.get("migrate_out_s", 0.0),
-        "recomputed_tokens": reb.get("num_recomputed_tokens", 0),
-        "run_for_others": reb.get("num_run_for_others", 0),
+        "moved_kv_bytes": reb.get("migrated_out_bytes", 0), "recomputed_tokens": reb.get("num_recomputed_tokens", 0),
         "moves": [(t - job_start, what, s, n, b) for t, what, s, n, b in reb.get("events", [])],
         "timeline": [(t, s["num_running"], s["num_waiting"]) for t, s in zip(at, steps)],
+        "step_times": [s["step_s"] for s in steps],
     }
 
 
-RUNS = (  # (run name, workload, rebalance)
-    ("in-set/no-rebalance", "in-set", False),
-    ("in-set/rebalance", "in-set", True),
-    ("queued/no-rebalance", "queued", False),
-    ("queued/rebalance", "queued", True),
-    ("shuffled/no-rebalance", "shuffled", False),
-)
-# Not run by default: rebalancing where the input is already even (what it costs there).
-EXTRA_RUNS = (("shuffled/rebalance", "shuffled", True),)
+def summarize(scenario: Scenario, pairs: list[dict]) -> dict:
+    """The scenario's ratios over its pairs, the target check, and the worst pair's index."""
+    wall = [p["off"]["wall_s"] / p["on"]["wall_s"] for p in pairs]
+    span = [p["off"]["span_s"] / p["on"]["span_s"] for p in pairs]
+    ideal = [p["on"]["span_s"] / (scenario.ideal_steps() * p["on"]["median_step_s"]) for p in pairs]
+    summary = {"kind": scenario.kind, "wall": wall, "span": span, "on_span_over_ideal": ideal,
+               "wall_median": statistics.median(wall), "wall_min": min(wall),
+               "span_median": statistics.median(span), "span_min": min(span),
+               "ideal_median": statistics.median(ideal), "worst_pair": wall.index(min(wall))}
+    target = TARGETS.get(scenario.kind)
+    if target is not None:
+        median_at_least, each_at_least, ideal_at_most = target
+        met = summary["wall_median"] >= median_at_least and summary["wall_min"] >= each_at_least
+        if ideal_at_most is not None:
+            met = met and summary["ideal_median"] <= ideal_at_most
+        summary["target"] = f"median >= {median_at_least}, min >= {each_at_least}" + (
+            f", span <= {ideal_at_most} x ideal" if ideal_at_most else "")
+        summary["met"] = met
+    return summary
 
 
-def ratios(rep: dict) -> dict:
-    t = {name: r["completion_s"] for name, r in rep.items()}
-    return {
-        "in_set": t["in-set/no-rebalance"] / t["in-set/rebalance"],
-        "queued": t["queued/no-rebalance"] / t["queued/rebalance"],
-        "queued_vs_shuffled": t["queued/rebalance"] / t["shuffled/no-rebalance"],
-    }
+def table(results: list[dict], command: str) -> str:
+    """The grid's table (markdown), with the command and the machine."""
+    lines = [f"`{command}` on {cpu_model()} ({os.cpu_count()} CPUs), {time.strftime('%Y-%m-%d')}", "",
+             "| scenario | class | rows / block | long (pos, tokens) | short | max_num_seqs | actors | pairs "
+             "| wall off/on median (min) | span off/on median (min) | on span / ideal | target |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in results:
+        s, m = Scenario(**r["scenario"]), r["summary"]
+        verdict = "-" if "met" not in m else ("met" if m["met"] else "MISSED")
+        lines.append(f"| {s.name} | {m['kind']} | {s.rows} / {s.block_size} | {s.num_long} ({s.position}, "
+                     f"{s.long_tokens}) | {s.short_tokens} | {s.max_num_seqs or 'default'} | {s.actors} "
+                     f"| {len(r['pairs'])} | {m['wall_median']:.2f}x ({m['wall_min']:.2f}x) "
+                     f"| {m['span_median']:.2f}x ({m['span_min']:.2f}x) | {m['ideal_median']:.2f} | {verdict} |")
+    return "\n".join(lines)
 
 
-TARGETS = {"in_set": (">=", 0.97), "queued": (">=", 1.4), "queued_vs_shuffled": ("<=", 1.10)}
+def worst_pair_lines(result: dict) -> list[str]:
+    """Where the time went, per actor, in a scenario's worst pair (by wall ratio)."""
+    summary = result["summary"]
+    pair = result["pairs"][summary["worst_pair"]]
+    lines = [f"{result['scenario']['name']}: worst pair {summary['worst_pair']} "
+             f"(off {pair['off']['wall_s']:.1f} s, on {pair['on']['wall_s']:.1f} s)"]
+    for side in ("off", "on"):
+        for i, a in enumerate(pair[side]["actors"]):
+            line = (f"  {side:>3} actor {i}: engine {a['engine_start_s']:.1f} s, first step {_s(a['first_step_s'])}, "
+                    f"last {_s(a['last_step_s'])}, {a['num_steps']} steps ({a['busy_s']:.1f} s busy), "
+                    f"gaps {a['idle_gap_s']:.1f} s")
+            if side == "on":
+                line += (f"; ready {_s(a['ready_wall'])} (calibration {a['calibration_s']:.2f} s), "
+                         f"first items {_s(a['first_items_wall'])}, {a['leased']} leased, "
+                         f"{a['pool_calls']} pool calls ({a['pool_call_s'] - a['pool_held_s']:.2f} s not held), "
+                         f"gave {a['given_back']}, continued {a['continued']}")
+            lines.append(line)
+    return lines
 
 
-def main(argv=None) -> dict:
+def _s(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.1f} s"
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="demo")
-    parser.add_argument("--rows", type=int, default=128)
-    parser.add_argument("--in-set-long-rows", type=int, default=4)
-    parser.add_argument("--queued-long-rows", type=int, default=32)
-    parser.add_argument("--short-tokens", type=int, default=8)
-    parser.add_argument("--long-tokens", type=int, default=256)
-    parser.add_argument("--blocks", type=int, default=4)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--concurrency", type=int, default=2)
-    parser.add_argument("--actors", type=int, default=2)
-    # Fewer running slots than rows per actor, as in any real job (the KV budget bounds the
-    # running set; blocks hold far more rows): work queues behind each actor's running set.
-    parser.add_argument("--max-num-seqs", type=int, default=8)
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--runs", default=",".join(name for name, _, _ in RUNS),
-                        help="which runs, comma-separated: " + ", ".join(n for n, _, _ in RUNS + EXTRA_RUNS))
+    parser.add_argument("--quick", action="store_true", help="2 small scenarios x 2 pairs: a smoke test")
+    parser.add_argument("--seed", type=int, default=0, help="draws the grid's scenarios and the shuffled rows")
+    parser.add_argument("--drawn", type=int, default=10, help="scenarios drawn besides the anchors")
+    parser.add_argument("--pairs", type=int, default=5, help="off/on pairs per scenario")
+    parser.add_argument("--only", default="", help="comma-separated scenario names to run (default: all)")
+    parser.add_argument("--list", action="store_true", help="print the scenarios and exit")
     parser.add_argument("--out", type=Path, default=Path("runs/skew"))
     args = parser.parse_args(argv)
+    scenarios = list(QUICK) if args.quick else grid(args.seed, args.drawn)
+    pairs = 2 if args.quick else args.pairs
+    if args.only:
+        scenarios = [s for s in scenarios if s.name in args.only.split(",")]
+    if args.list:
+        for s in scenarios:
+            print(f"{s.name:<14} {s.kind:<9} ideal {s.ideal_steps():>5} steps, without rebalancing up to "
+                  f"{s.steps_without_rebalancing():>5}: {s}")
+        return []
+    command = "benchmarks/skew.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
 
     import ray
 
-    workloads = {
-        "in-set": make_rows(args.rows, args.in_set_long_rows, args.short_tokens, args.long_tokens, clustered=True),
-        "queued": make_rows(args.rows, args.queued_long_rows, args.short_tokens, args.long_tokens, clustered=True),
-        "shuffled": make_rows(args.rows, args.queued_long_rows, args.short_tokens, args.long_tokens, clustered=False),
-    }
-    chosen = [run for run in RUNS + EXTRA_RUNS if run[0] in args.runs.split(",")]
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     env = {k: os.environ[k] for k in ("BATCHGEN_DATA_CACHE",) if k in os.environ}
     ray.init(include_dashboard=False, log_to_driver=False, _temp_dir=tempfile.mkdtemp(prefix="batchgen-skew-"),
              runtime_env={"env_vars": {**env, "DS_ACCELERATOR": "cpu"}})
     ray.data.DataContext.get_current().enable_progress_bars = False
-    reps: list[dict] = []
+    results = []
+    args.out.mkdir(parents=True, exist_ok=True)
     try:
-        warm_up(ray, args)
-        for rep in range(args.reps):
-            results = {}
-            for name, workload, rebalance in (chosen if rep % 2 == 0 else chosen[::-1]):
-                stats_dir = args.out / "actor-stats" / f"rep{rep}-{name.replace('/', '-')}"
-                results[name] = r = run_case(ray, workloads[workload], args, rebalance, stats_dir)
-                print(f"rep {rep}  {name:<22} {r['completion_s']:6.1f} s  " + summary_line(r), flush=True)
-            reps.append({name: results[name] for name, _, _ in chosen})
+        warm_up(ray, max(s.actors for s in scenarios))
+        for scenario in scenarios:
+            rows = make_rows(scenario, args.seed)
+            runs = []
+            for k in range(pairs):
+                pair = {}
+                for rebalance in ((False, True) if k % 2 == 0 else (True, False)):
+                    side = "on" if rebalance else "off"
+                    stats_dir = args.out / "actor-stats" / f"{scenario.name}-pair{k}-{side}"
+                    pair[side] = run_case(ray, scenario, rows, rebalance, stats_dir)
+                off, on = pair["off"], pair["on"]
+                print(f"{scenario.name} pair {k}: off {off['wall_s']:.1f} s (span {off['span_s']:.1f}), "
+                      f"on {on['wall_s']:.1f} s (span {on['span_s']:.1f})", flush=True)
+                runs.append(pair)
+            result = {"scenario": asdict(scenario), "pairs": runs, "summary": summarize(scenario, runs)}
+            results.append(result)
+            print("\n".join(worst_pair_lines(result)), flush=True)
+            (args.out / "skew.json").write_text(json.dumps({"command": command, "cpu": cpu_model(),
+                                                             "results": results}, indent=1))
     finally:
         ray.shutdown()
-    summary = {}
-    if all(run in chosen for run in RUNS):
-        per_rep = [ratios(rep) for rep in reps]
-        print(f"\n{'ratio':<38}{'min':>7}{'median':>8}{'max':>7}   target (every repetition)")
-        for key, label in (("in_set", "in-set control: no-reb / reb"), ("queued", "queued skew: no-reb / reb"),
-                           ("queued_vs_shuffled", "queued reb / shuffled no-reb")):
-            values = [r[key] for r in per_rep]
-            op, bound = TARGETS[key]
-            met = all(v >= bound if op == ">=" else v <= bound for v in values)
-            summary[key] = {"values": values, "min": min(values), "median": statistics.median(values),
-                            "max": max(values), "target": f"{op} {bound}", "met": met}
-            print(f"{label:<38}{min(values):7.3f}{statistics.median(values):8.3f}{max(values):7.3f}"
-                  f"   {op} {bound}: {'met' if met else 'MISSED'}")
-    if reps and all(name in reps[0] for name in ("shuffled/no-rebalance", "shuffled/rebalance")):
-        values = [rep["shuffled/no-rebalance"]["completion_s"] / rep["shuffled/rebalance"]["completion_s"] for rep in reps]
-        summary["shuffled"] = {"values": values, "min": min(values), "median": statistics.median(values), "max": max(values)}
-        print(f"{'shuffled: no-reb / reb':<38}{min(values):7.3f}{statistics.median(values):8.3f}{max(values):7.3f}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "skew.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                                     "summary": summary, "reps": reps}, indent=2))
-    if reps:
-        median_rep = _median_rep(reps, summary)
-        _plot(reps[median_rep], args.out / "skew_timeline.png", median_rep)
-        print(f"wrote {args.out / 'skew.json'} and {args.out / 'skew_timeline.png'} (repetition {median_rep})")
-    return summary
-
-
-def summary_line(r: dict) -> str:
-    parts = []
-    for a in r["actors"]:
-        part = (f"[{a['num_steps']} steps {a['busy_s']:.1f}s, first {a['first_step_s']:.1f} last {a['last_step_s']:.1f}"
-                f", gaps {a['idle_gap_s']:.1f}s")
-        if r["rebalance"]:
-            part += (f", pool {a['pool_calls']}x {a['pool_call_s']:.2f}s, gave {a['given_back']}"
-                     f" ({a['moved_kv_bytes'] / 1e6:.1f} MB, {a['migrate_out_s']:.2f}s), continued {a['continued']}"
-                     f", recomputed {a['recomputed_tokens']}")
-        parts.append(part + "]")
-    return " ".join(parts)
-
-
-def _median_rep(reps: list[dict], summary: dict) -> int:
-    if "queued" not in summary:
-        return len(reps) - 1
-    values = summary["queued"]["values"]
-    return sorted(range(len(values)), key=values.__getitem__)[len(values) // 2]
-
-
-def _plot(rep: dict, path: Path, index: int) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(len(rep), 1, figsize=(9, 2.2 * len(rep)), sharex=True, squeeze=False)
-    for ax, (key, r) in zip(axes[:, 0], rep.items()):
-        for i, actor in enumerate(r["actors"]):
-            xs = [t for t, _, _ in actor["timeline"]]
-            ax.step(xs, [n for _, n, _ in actor["timeline"]], where="post", color=f"C{i}",
-                    label=f"actor {i}: running (idle {actor['idle_fraction']:.0%} of the job)")
-            ax.step(xs, [n for _, _, n in actor["timeline"]], where="post", color=f"C{i}", linestyle="--",
-                    alpha=0.6, label=f"actor {i}: waiting")
-            for t, what, _, n, _ in actor["moves"]:
-                ax.axvline(t, color=f"C{i}", alpha=0.5, linestyle="-." if what == "give_back" else ":")
-        ax.axvline(r["completion_s"], color="grey", linestyle=":")
-        ax.set_title(f"{key}: {r['completion_s']:.1f} s", fontsize=10)
-        ax.set_ylabel("sequences")
-        ax.legend(fontsize=7, loc="upper right", ncol=2)
-    axes[-1, 0].set_xlabel(f"seconds since the job started (repetition {index}; dash-dot: gave back, dotted: continued)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    report = table(results, command)
+    details = [line for r in results for line in worst_pair_lines(r)]
+    (args.out / "skew.md").write_text(report + "\n\nWhere the time went in each scenario's worst pair:\n\n```\n"
+                                      + "\n".join(details) + "\n```\n")
+    print("\n" + report)
+    print(f"\nwrote {args.out / 'skew.json'} and {args.out / 'skew.md'}")
+    return results
 
 
 if __name__ == "__main__":

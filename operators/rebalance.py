@@ -1,21 +1,31 @@
 """Cross-actor rebalancing for ``BatchGenOperator``: the actor side of the shared work pool.
 
 NOTE: how one actor takes part.
+  * As it starts, before it loads its model, the actor creates or finds the stage's coordinator
+    and registers as a member (``start_coordinator``): the pool shares work over the stage's
+    actors from the first lease on, not over whoever happened to ask first. Once its engine is
+    built, the client calibrates the engine's step model (``migration/calibration.py``: a few
+    dummy decode steps at 1 and at a full running set, ~0.2 s on the demo model) and tells the
+    pool the actor is ready.
   * As an owner, ``run_batch`` submits the batch's valid rows to the coordinator and awaits their
     results; it then emits the rows itself (exactly once, in order).
-  * As a worker, a background loop leases pool items whenever its engine has running slots
-    free below ``max_num_seqs``, or about to free (a sequence that reaches its ``max_tokens``
-    within one measured lease round trip), the longest first, its own batches' among equals;
-    runs them, and completes them; heartbeats keep its leases alive, and a dead worker's leases
-    expire back into the pool. No prefetch beyond that: a row leased ahead waits in that engine
-    until one of its slots frees (with long rows running, a whole long sequence) while another
-    actor could start it now, and prefetched rows refill freed slots before the actor ever
-    reports them empty, so the pool's longest-first rule never gets to place long rows there
-    (on the clustered skew workload, ~700 steps per actor instead of the 560 of perfect
-    packing). A finishing item wakes the loop, and a full engine's loop wakes when its next
-    slot is about to free, so a slot is leased for within milliseconds. Each lease call carries
-    the actor's load report (``WorkerProgress``: its engine's sequences from one snapshot, its
-    step times, what a move costs).
+  * As a worker, a background loop leases pool items for the running slots its engine has free
+    below ``max_num_seqs``, or about to free (a sequence that reaches its ``max_tokens`` within
+    one measured lease round trip), the longest first, its own batches' among equals; runs
+    them, and completes them. Leases come on events, not on a timer: the coordinator holds a
+    lease call that gets nothing open until the pool has something for this actor (items, a
+    give-back, the stage's pool emptied) or its wait bound, so an actor with room and nothing to
+    take waits in one call; an engine with no room holds its call until its next slot is about
+    to free, and a sequence that ends sooner (its result, or its give-back, reaching the
+    coordinator) ends that call. A held call keeps the actor's leases alive, and a dead
+    worker's leases expire back into the pool. No prefetch beyond that: a row leased ahead
+    waits in that engine until one of its slots frees (with long rows running, a whole long
+    sequence) while another actor could start it now, and prefetched rows refill freed slots
+    before the actor ever reports them empty, so the pool's longest-first rule never gets to
+    place long rows there (on the clustered skew workload, ~700 steps per actor instead of the
+    560 of perfect packing). Each lease call carries the actor's load report
+    (``WorkerProgress``: its engine's sequences from one snapshot, its step model, what a move
+    costs).
   * If the coordinator cannot be reached, the owner runs its batch on its own engine: the job
     completes without rebalancing rather than losing rows.
   * At the tail (nothing pending), the pool names the sequences a worker should give back, by
@@ -30,13 +40,14 @@ NOTE: how one actor takes part.
     the pool to drop the batch, and the pool drops the batches of an owner it no longer hears
     from: nothing waits in it for a caller that is gone.
   * Ray Data shuts an actor down once it has no call in flight and no input is left, so an actor
-    leases only while one of its own calls is open, and its last open call stays open while the
-    stage still has outstanding work (which may come to it at the tail) and until the items it
-    leased are done: an actor is never stopped while holding leases. A new call arriving releases
-    the held one. With ``max_concurrent_calls_per_actor=1`` no new call can arrive, so batches
-    advance in rounds (an actor done with its batch helps the others finish theirs before it
-    takes the next); with two or more calls per actor, as the operator's in-flight warning asks
-    for, there is no such barrier.
+    leases only while one of its own calls is open (items a held lease brings after its last
+    call closed go straight back), and its last open call stays open while the stage still has
+    outstanding work (which may come to it at the tail) and until the items it leased are done:
+    an actor is never stopped while holding leases. A new call arriving releases the held one.
+    With ``max_concurrent_calls_per_actor=1`` no new call can arrive, so batches advance in
+    rounds (an actor done with its batch helps the others finish theirs before it takes the
+    next); with two or more calls per actor, as the operator's in-flight warning asks for, there
+    is no such barrier.
 """
 
 from __future__ import annotations
@@ -47,7 +58,10 @@ import math
 import pickle
 import time
 import uuid
+from collections import deque
+from itertools import islice
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from batchgen_data.operators.restart import exit_for_restart
 from batchgen_data.operators.columns import RowResult
@@ -59,6 +73,8 @@ from batchgen_data.distributed.coordinator import (
     coordinator_name,
     get_or_create_coordinator,
 )
+from batchgen_data.engine.core.progress import SeqProgress
+from batchgen_data.engine.migration.calibration import calibrate_engine
 from batchgen_data.engine.migration.costs import MigrationCosts
 from batchgen_data.engine.migration.planner import Move, WorkerProgress
 from batchgen_data.engine.async_engine import AsyncEngine, MigratedOut
@@ -68,10 +84,12 @@ from batchgen_data.errors import EngineDeadError
 
 logger = logging.getLogger(__name__)
 
-_HEARTBEAT_S = 2.0
-_IDLE_POLL_S = 0.05
-_FULL_POLL_S = 0.25
-_MIN_POLL_S = 0.005
+# Items handed to the engine and not accepted yet are at most one lease reply's (the engine
+# thread takes everything queued before its next step); remembered for the load report.
+_MAX_INCOMING = 4096
+# The longest a lease call is held open with nothing for this actor (the coordinator caps it at a
+# third of the lease timeout): an idle actor makes one call per this long.
+_MAX_HOLD_S = 5.0
 
 
 @dataclass(slots=True)
@@ -84,11 +102,28 @@ class RebalanceStats:
     num_recomputed_tokens: int = 0  # KV rebuilt from tokens in this actor's engine
     idle_s: float = 0.0
     busy_s: float = 0.0
-    num_pool_calls: int = 0  # lease round trips to the coordinator
-    pool_call_s: float = 0.0  # seconds this actor's loop spent awaiting them
+    num_pool_calls: int = 0  # lease calls to the coordinator
+    pool_call_s: float = 0.0  # seconds this actor's loop spent in them, held ones included
+    pool_held_s: float = 0.0  # of which the coordinator held them open, waiting for work
     migrated_out_bytes: int = 0  # KV shipped with the sequences it gave back
     migrate_out_s: float = 0.0  # seconds its engine spent exporting them
+    calibration_s: float = 0.0  # seconds the step model's calibration took at start
+    calibrated_base_s: float = 0.0  # its line: step seconds at n running = base + per_seq * n
+    calibrated_per_seq_s: float = 0.0
+    ready_wall: float = 0.0  # wall clock when its engine was built and calibrated (start-up, for benchmarks)
+    first_call_wall: float = 0.0  # ... when its first batch call came
+    first_items_wall: float = 0.0  # ... when its first lease brought items
     events: list = field(default_factory=list)  # (wall time, what, seconds, count, bytes) of each move
+
+
+@dataclass(frozen=True, slots=True)
+class PoolMembership:
+    """What ``start_coordinator`` gives the actor: the stage's coordinator (a Ray actor handle)
+    and this actor's worker id, registered with it."""
+
+    coordinator: Any
+    worker_id: str
+    started: float  # ``time.monotonic()`` when the actor started (registered)
 
 
 def _kv_bytes(state) -> int:
@@ -103,59 +138,124 @@ def _pack(state) -> bytes:
     return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def _stage_coordinator_name(stage_key: str) -> str:
+def _ray_ids() -> tuple[str, str | None]:
+    """This process's Ray job id and actor id; ("local", None) without Ray (a test driving a
+    client over an in-process coordinator)."""
     import ray
 
-    return coordinator_name(ray.get_runtime_context().get_job_id(), stage_key)
+    if not ray.is_initialized():
+        return "local", None
+    context = ray.get_runtime_context()
+    return context.get_job_id(), context.get_actor_id()
 
 
-def start_coordinator(stage_key: str, lease_timeout_s: float):
-    """Create or find the stage's coordinator without waiting for it; None if Ray refuses (the
-    client then retries at first use, and falls back to local runs if that fails too)."""
+def _stage_coordinator_name(stage_key: str) -> str:
+    return coordinator_name(_ray_ids()[0], stage_key)
+
+
+def _new_worker_id() -> str:
+    return f"{_ray_ids()[1] or 'driver'}-{uuid.uuid4().hex[:6]}"
+
+
+def start_coordinator(stage_key: str, lease_timeout_s: float) -> PoolMembership | None:
+    """Create or find the stage's coordinator and register this actor with it, without waiting:
+    call it as the actor starts, before it loads its model, so the coordinator's process starts
+    while the actors load theirs and counts every actor from the stage's first lease on. None if
+    Ray refuses (the client then retries at first use, and falls back to local runs if that
+    fails too)."""
+    started = time.monotonic()
     try:
-        return get_or_create_coordinator(_stage_coordinator_name(stage_key), lease_timeout_s)
+        worker_id = _new_worker_id()
+        coordinator = get_or_create_coordinator(_stage_coordinator_name(stage_key), lease_timeout_s)
+        coordinator.register.remote(worker_id)
+        return PoolMembership(coordinator, worker_id, started)
     except Exception as err:
         logger.warning("could not start the work pool coordinator yet: %s", err)
         return None
 
 
 class RebalanceClient:
-    def __init__(self, engine: AsyncEngine, stage_key: str, lease_timeout_s: float, coordinator=None):
-        import ray
+    """One actor's part in the stage's work pool (module NOTE).
 
+    Args:
+        engine (AsyncEngine): the actor's engine, before its first request.
+        stage_key (str): names the stage's coordinator (the stage's config).
+        lease_timeout_s (float): how long a silent worker keeps its leases.
+        coordinator (PoolMembership | actor handle | None): from ``start_coordinator``; a bare
+            handle (this client then registers), or None (created or found at first use).
+        calibrate (bool, default True): calibrate the engine's step model now (~0.2 s on the
+            demo model); without it the move rule splits no running set until the engine's own
+            steps show a slope.
+    """
+
+    def __init__(self, engine: AsyncEngine, stage_key: str, lease_timeout_s: float, coordinator=None,
+                 calibrate: bool = True):
         self.engine = engine
-        self.worker_id = f"{ray.get_runtime_context().get_actor_id() or 'driver'}-{uuid.uuid4().hex[:6]}"
         self.name = _stage_coordinator_name(stage_key)
         self.lease_timeout_s = lease_timeout_s
         self.stats = RebalanceStats()
-        self._coordinator = coordinator  # None: created (or found) at first use
+        started = None  # when the actor started, if known: the pool learns how long actors take to load
+        if isinstance(coordinator, PoolMembership):
+            self.worker_id, self._coordinator = coordinator.worker_id, coordinator.coordinator
+            started = coordinator.started
+        else:
+            self.worker_id, self._coordinator = _new_worker_id(), coordinator  # None: at first use
         self._loop_task: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
         self._coordinator_ok = True
         self._open_calls = 0
         self._items_in_flight = 0
         self._pool_outstanding = 0
-        self._slot_freed = asyncio.Event()
+        self._changed = asyncio.Event()  # replaced at every change: a call opened, an item ended, a reply
+        self._holding: int | None = None  # max_items of the lease call held now (None: none)
         self._num_submitted = 0  # items handed to the engine so far (leased and started)
-        self._call_s = 0.005  # lease round trip, moving average (measured)
+        # The latest of them, as the waiting sequences they are until the engine accepts them
+        # (submissions are accepted in order: the last ``submitted - accepted`` are on their way).
+        self._submitted: deque[SeqProgress] = deque(maxlen=_MAX_INCOMING)
+        self._call_s = 0.005  # lease round trip, moving average (measured, the held time left out)
         self._step_s_hint = 0.05  # the engine's step at its current running set (measured)
         self._kv_s_per_token = MigrationCosts.of_engine(engine.engine).transfer_s(1)  # KV shipped per token
         self.probe = EngineProbe.attach(engine)  # its engine's load, published by the engine thread
+        if calibrate:
+            self._calibrate()
+        self._announce(ready=True, load_s=None if started is None else time.monotonic() - started)
+        self.stats.ready_wall = time.time()
+
+    def _calibrate(self) -> None:
+        """The engine's step model from a few timed decode steps (before its thread starts)."""
+        calibration = calibrate_engine(self.engine.engine)
+        self.stats.calibration_s = calibration.seconds
+        if calibration.model is not None:
+            self.probe.calibrate(calibration.model)
+            self.stats.calibrated_base_s = calibration.model.base_s
+            self.stats.calibrated_per_seq_s = calibration.model.per_seq_s
+
+    def _announce(self, ready: bool, load_s: float | None = None) -> None:
+        try:
+            self._handle().register.remote(self.worker_id, ready, load_s)
+        except Exception as err:  # the first call retries, and falls back to local runs
+            logger.warning("could not register with the work pool: %s", err)
 
     def _handle(self):
         if self._coordinator is None:
             self._coordinator = get_or_create_coordinator(self.name, self.lease_timeout_s)
         return self._coordinator
 
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
     async def run_batch(self, prompts: list, params: list[SamplingParams]) -> list[RowResult] | None:
         """Results for the batch through the pool; None if the pool cannot give them (the
         coordinator is unavailable, or it dropped the batch): the caller runs it locally."""
         self._ensure_loop()
+        self.stats.first_call_wall = self.stats.first_call_wall or time.time()
         rows = [(p, sp.to_dict()) for p, sp in zip(prompts, params)]
         # A key of this call's own: equal rows in another call (a copy of the batch, or a retry)
         # are another batch, and unseeded sampled rows get their own samples.
         batch_key = f"{self.worker_id}/{uuid.uuid4().hex}"
         self._open_calls += 1
+        self._notify()
         results = None
         try:
             coordinator = self._handle()
@@ -170,6 +270,8 @@ class RebalanceClient:
             if self._open_calls == 1:
                 await self._drain_leased_items()
             self._open_calls -= 1
+            if not self._open_calls:
+                self._end_held_lease()
         if results is None:
             self.stats.num_fallback_batches += 1
             return None
@@ -183,22 +285,30 @@ class RebalanceClient:
         except Exception as err:
             logger.warning("could not tell the work pool to drop a batch: %s", err)
 
+    def _end_held_lease(self) -> None:
+        """Its last call closed: a lease call held for it ends now (not awaited), so the pool
+        stops counting it as taking work."""
+        if self._holding is not None and self._coordinator_ok:
+            try:
+                self._handle().wake.remote(self.worker_id)
+            except Exception as err:
+                logger.warning("could not end a held lease call: %s", err)
+
     async def _drain_leased_items(self) -> None:
         """Hold the actor's last open call while it runs pool items or the stage still has
         outstanding work (pending, or leased by others and so possibly given back to it at the
-        tail); return as soon as the stage's pool is empty. A new call arriving keeps the actor
-        alive instead."""
+        tail); return as soon as the stage's pool is empty (its held lease call returns when it
+        empties). A new call arriving keeps the actor alive instead."""
         while self._open_calls == 1 and self._coordinator_ok:
             if self._items_in_flight == 0 and self._pool_outstanding == 0:
                 return
-            await asyncio.sleep(_IDLE_POLL_S)
+            await self._changed.wait()
 
     def _ensure_loop(self) -> None:
         if self._loop_task is None:
             self._loop_task = asyncio.get_running_loop().create_task(self._work_loop())
 
     async def _work_loop(self) -> None:
-        last_heartbeat = 0.0
         last = time.monotonic()
         while self._coordinator_ok:
             now = time.monotonic()
@@ -207,6 +317,11 @@ class RebalanceClient:
             else:
                 self.stats.busy_s += now - last
             last = now
+            if not self._open_calls:
+                # No call to keep it alive: Ray Data may stop this actor at any moment, so it
+                # leases nothing (and holds no lease: nothing to renew) until a call opens.
+                await self._changed.wait()
+                continue
             progress = self._progress()
             step_s = self._step_s(progress)
             soon, wake_s = self._slots_freeing_soon(progress.seqs, step_s)
@@ -215,52 +330,63 @@ class RebalanceClient:
             # an older snapshot would lease twice for slots already refilled. Slots whose
             # sequence ends within the lease round trip count as free: the next item arrives as
             # they free up.
-            room = max(0, progress.slots + soon - len(progress.seqs) - progress.num_incoming)
-            # No call to keep it alive: Ray Data may stop this actor at any moment, so no lease.
-            room = room if self._open_calls else 0
+            room = max(0, progress.slots + soon - len(progress.seqs))
+            # Held until the pool has something for it; with no room, until a slot is about to free.
+            wait_s = _MAX_HOLD_S if room else min(_MAX_HOLD_S, wake_s)
             try:
-                coordinator = self._handle()
-                if now - last_heartbeat > _HEARTBEAT_S:
-                    await coordinator.heartbeat.remote(self.worker_id)
-                    last_heartbeat = now
-                # Ask even with no room while a call is open: it marks this actor active, so the
-                # pool saves it a fair share of other owners' rows for when room frees up.
-                reply = await self._lease(coordinator, room, progress)
+                reply = await self._lease(self._handle(), room, progress, wait_s)
             except Exception as err:
                 logger.warning("work pool unavailable (%s); this actor stops pulling work", err)
                 self._coordinator_ok = False
+                self._notify()
                 return
             self._pool_outstanding = reply.num_outstanding
-            for item in reply.items:
-                self._items_in_flight += 1
-                self._num_submitted += 1
-                task = asyncio.get_running_loop().create_task(self._run_item(item))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-            self.stats.num_leased += len(reply.items)
+            if reply.items and not self._open_calls:  # its last call closed while the lease was held
+                self._release([item.item_id for item in reply.items])
+            else:
+                self._start(reply.items)
             if reply.give_back:
                 started = time.monotonic()
                 moved = await self._migrate_out(reply.give_back)  # exactly the planned sequences
                 self.stats.num_given_back += moved
                 self.stats.migrate_out_s += time.monotonic() - started
                 self._event("give_back", time.monotonic() - started, moved)
-            # A full engine only reports its load (for the tail split): poll it less often, so
-            # the actor's event loop and the coordinator take less CPU from the engine thread,
-            # but wake in time to lease for the next slot about to free.
-            await self._sleep_until_woken(0 if reply.items else _IDLE_POLL_S if room > 0
-                                          else min(_FULL_POLL_S, max(_MIN_POLL_S, wake_s)))
+            self._notify()
+
+    def _start(self, items: list[LeasedItem]) -> None:
+        if items and not self.stats.first_items_wall:
+            self.stats.first_items_wall = time.time()
+        for item in items:
+            self._items_in_flight += 1
+            self._num_submitted += 1
+            max_tokens = int(item.params.get("max_tokens") or SamplingParams.defaults()["max_tokens"])
+            self._submitted.append(SeqProgress(item.num_generated, max_tokens, item.num_generated, started=False,
+                                               movable=False, running=False))
+            task = asyncio.get_running_loop().create_task(self._run_item(item))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        self.stats.num_leased += len(items)
+
+    def _release(self, item_ids: list[str]) -> None:
+        try:
+            self._handle().release.remote(self.worker_id, item_ids)
+        except Exception as err:  # their leases expire back into the pool
+            logger.warning("could not release leased items: %s", err)
 
     def _progress(self) -> WorkerProgress:
-        """This actor's load report: its engine's sequences, step times and move costs."""
+        """This actor's load report: its engine's sequences, then the items handed to it that it
+        had not accepted by that snapshot (their work is on their way), its step model and what a
+        move costs."""
         snapshot = self.probe.snapshot  # one engine step's view, replaced whole (never torn)
         progress = snapshot.progress
+        num_incoming = min(len(self._submitted), max(0, self._num_submitted - progress.num_accepted))
+        incoming = tuple(islice(reversed(self._submitted), num_incoming))[::-1]
         return WorkerProgress(
-            slots=self.engine.engine.max_running_seqs, seqs=progress.seqs, step=snapshot.step,
+            slots=self.engine.engine.max_running_seqs, seqs=progress.seqs + incoming, step=snapshot.step,
             move_s_per_token=snapshot.move_s_per_token, kv_s_per_token=self._kv_s_per_token,
-            # A give-back and the receiver's lease (two round trips), its poll, and the step the
-            # export waits for.
-            move_latency_s=2 * self._call_s + _IDLE_POLL_S + self._step_s_hint,
-            num_incoming=max(0, self._num_submitted - progress.num_accepted))
+            # A give-back and the receiver's lease (two round trips: the receiver's held call
+            # returns the item at once), and the step the export waits for.
+            move_latency_s=2 * self._call_s + self._step_s_hint)
 
     def _step_s(self, progress: WorkerProgress) -> float:
         model = progress.step.fit()
@@ -271,27 +397,30 @@ class RebalanceClient:
 
     def _slots_freeing_soon(self, seqs, step_s: float) -> tuple[int, float]:
         """Running sequences whose budget ends within one lease round trip (their slots can be
-        leased for now), and the seconds until the next one gets that close."""
-        lead = 1 + math.ceil((self._call_s + _IDLE_POLL_S) / step_s) if step_s > 0 else 1
-        soon, wake_s = 0, _FULL_POLL_S
+        leased for now), and the seconds until the next one gets that close (a sequence not
+        started yet counts as starting at the next step: at the latest it ends then)."""
+        lead = 1 + math.ceil(self._call_s / step_s) if step_s > 0 else 1
+        soon, wake_s = 0, _MAX_HOLD_S
         for seq in seqs:
-            if seq.started:
-                left = seq.max_tokens - seq.num_generated
-                if left <= lead:
-                    soon += 1
-                else:
-                    wake_s = min(wake_s, (left - lead) * step_s)
+            left = seq.max_tokens - seq.num_generated + (0 if seq.started else 1)
+            if seq.started and left <= lead:
+                soon += 1
+            else:
+                wake_s = min(wake_s, max(1, left - lead) * step_s)
         return soon, wake_s
 
-    async def _lease(self, coordinator, room: int, progress: WorkerProgress) -> LeaseReply:
-        if not self._open_calls:
-            return LeaseReply()
+    async def _lease(self, coordinator, room: int, progress: WorkerProgress, wait_s: float) -> LeaseReply:
         started = time.monotonic()
-        reply = await coordinator.lease.remote(self.worker_id, room, progress)
+        self._holding = room
+        try:
+            reply = await coordinator.lease.remote(self.worker_id, room, progress, wait_s, self._pool_outstanding)
+        finally:
+            self._holding = None
         elapsed = time.monotonic() - started
-        self._call_s += 0.1 * (elapsed - self._call_s)
+        self._call_s += 0.1 * (max(0.0, elapsed - reply.held_s) - self._call_s)
         self.stats.num_pool_calls += 1
         self.stats.pool_call_s += elapsed
+        self.stats.pool_held_s += reply.held_s
         continued = [item.state for item in reply.items if item.state is not None]
         if continued:
             self._event("continue", elapsed, len(continued), sum(len(state) for state in continued))
@@ -299,15 +428,6 @@ class RebalanceClient:
 
     def _event(self, what: str, seconds: float, count: int, num_bytes: int = 0) -> None:
         self.stats.events.append((time.time(), what, seconds, count, num_bytes))
-
-    async def _sleep_until_woken(self, timeout_s: float) -> None:
-        """Sleep until the poll interval ends or one of this actor's items finishes (its slot
-        is free: lease the next item now, not at the next poll)."""
-        try:
-            await asyncio.wait_for(self._slot_freed.wait(), timeout_s)
-        except asyncio.TimeoutError:
-            pass
-        self._slot_freed.clear()
 
     async def _migrate_out(self, moves: list[Move]) -> int:
         try:
@@ -320,7 +440,7 @@ class RebalanceClient:
             await self._run_and_complete(item)
         finally:
             self._items_in_flight -= 1
-            self._slot_freed.set()
+            self._notify()
 
     async def _run_and_complete(self, item: LeasedItem) -> None:
         item_id = item.item_id

@@ -16,21 +16,27 @@ batch's results and emits the rows. Exactly-once output follows from three rules
 A batch lives until its owner takes its results, and no longer than its waiter: a batch whose
 caller gave up (``forget_batch``) or whose owner died or fell silent for a lease timeout
 (``drop_orphaned_batches``) leaves the pool with its items and results.
+
+Who shares the work: the stage's members (``members.py``: the workers taking part now, and those
+that registered as their actor started and may still come); a worker holds at most its fair share
+of the outstanding work over them, and while one has not leased yet the longest items go
+round-robin.
 """
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from batchgen_data.distributed.members import Members, Spread
 from batchgen_data.distributed.work_item import WorkItem, prefix_key
+from batchgen_data.engine.core.progress import SeqProgress
 from batchgen_data.engine.migration.lengths import OutputLengths
 from batchgen_data.engine.migration.planner import Move, WorkerProgress, plan_moves
 from batchgen_data.engine.migration.step_model import StepSums
 
-# A worker that asked for work this recently counts as active when sharing out pending items.
-_ACTIVE_WINDOW_S = 1.0
 # After giving sequences back, a worker is not asked again for this long (the receivers'
 # load reports must catch up first, or the pool would over-give): with the planner's gain
 # margin, the time half of the hysteresis.
@@ -52,6 +58,14 @@ class _Batch:
 class _Load:
     progress: WorkerProgress  # the worker's last load report
     seen: float
+    leased_since: list = field(default_factory=list)  # items leased to it with or after that report
+
+
+def _unreported(item: WorkItem, tokens_left: float) -> SeqProgress:
+    """An item leased to a worker after its last report, as the waiting sequence it is about to
+    be there (not movable: its engine has no id for it yet)."""
+    return SeqProgress(item.num_generated, item.num_generated + max(1, round(tokens_left)), item.num_generated,
+                       started=False, movable=False, running=False)
 
 
 @dataclass(slots=True)
@@ -71,6 +85,7 @@ class PoolCounters:
     num_moves_planned: int = 0  # sequences the tail plans named (each one is given back)
     num_moves_declined: int = 0  # tail plans whose estimated gain missed the margin (nothing moved)
     num_batches_dropped: int = 0  # batches whose waiter was gone (caller gave up, owner dead)
+    num_members_at_first_lease: int = 0  # how many workers the pool's first lease shared the work over
     leased_by_worker: dict = field(default_factory=dict)
 
 
@@ -82,10 +97,11 @@ class WorkPool:
         self.leases: dict[str, _Lease] = {}
         self.results: dict[str, Any] = {}
         self.batches: dict[str, _Batch] = {}
-        self.last_seen: dict[str, float] = {}  # worker -> last lease call (who is active)
         self.last_heard: dict[str, float] = {}  # worker -> last call of any kind (who is alive)
         self.loads: dict[str, _Load] = {}
         self.last_gave: dict[str, float] = {}
+        self.membership = Members(lease_timeout_s)
+        self.num_reports = 0  # load reports received (a tail plan changes only with them, or the clock)
         self.prefixes: dict[str, OrderedDict] = {}  # worker -> prefix keys it leased lately
         self.lengths = OutputLengths()  # the job's finished output lengths, by max_tokens
         self.counters = PoolCounters()
@@ -146,6 +162,50 @@ class WorkPool:
 
     # -- workers --------------------------------------------------------------------------------
 
+    def register(self, worker: str, now: float, ready: bool = False, load_s: float | None = None) -> None:
+        """A stage actor joins: when it starts (before loading its model), and again with
+        ``ready`` once its engine is built, ``load_s`` seconds after it started. It counts among
+        the ``members`` from then on."""
+        self.membership.register(worker, now, ready, load_s)
+        self.last_heard[worker] = max(now, self.last_heard.get(worker, now))
+
+    def members(self, now: float) -> set[str]:
+        """The workers the outstanding work is shared among (``Members.current``)."""
+        return self.membership.current(now)
+
+    def is_alive(self, worker: str, now: float) -> bool:
+        """A lease call of it is held open, or it was heard from within a lease timeout."""
+        return (worker in self.membership.holding
+                or now - self.last_heard.get(worker, -math.inf) <= self.lease_timeout_s)
+
+    def hold(self, worker: str, max_items: int, now: float) -> None:
+        """The coordinator holds a lease call of ``worker`` open (asking for ``max_items``): it is
+        alive, and with ``max_items`` > 0 it takes work now (a receiver at the tail)."""
+        self.membership.holding[worker] = max_items
+        self.heartbeat(worker, now)
+
+    def unhold(self, worker: str) -> None:
+        self.membership.holding.pop(worker, None)
+
+    def holds(self, worker: str) -> int | None:
+        """``max_items`` of the lease call of ``worker`` held open now; None if none is."""
+        return self.membership.holding.get(worker)
+
+    def refresh_held(self, now: float) -> None:
+        """Renew the leases of the workers whose calls are held (alive, waiting on the pool)."""
+        for worker in self.membership.holding:
+            self.heartbeat(worker, now)
+
+    def next_change_s(self, worker: str, now: float) -> float | None:
+        """The earliest time at which this pool could answer ``worker`` differently with no event
+        in between (a given-back item no longer kept from it, its give-back cooldown over, a
+        member no longer waited for); None if nothing is timed."""
+        times = [self.items[i].not_for_until for i in self.pending if self.items[i].not_for == worker]
+        if worker in self.last_gave:
+            times.append(self.last_gave[worker] + _PARTITION_COOLDOWN_S)
+        times += self.membership.waited_until_times()
+        return min((t for t in times if now < t < math.inf), default=None)
+
     def cost(self, item: WorkItem) -> float:
         """Work estimate in tokens: the output an item has left (its ``max_tokens`` budget,
         lowered by the lengths of finished rows with the same budget) dominates a decode-bound
@@ -159,15 +219,22 @@ class WorkPool:
         affinity), then the worker's own.
 
         A worker holds at most its fair share of the outstanding work (pending plus leased, in
-        estimated tokens, over the active workers, active = asked recently), so an owner does not
-        hoard long rows another actor would start now. A worker holding nothing always gets one.
+        estimated tokens, over the stage's ``members``), so an owner does not hoard long rows
+        another actor would start now; and while some member has not leased yet, the longest
+        items go round-robin (``members.Spread``). A worker holding nothing always gets one item.
         ``progress`` (its engine's sequences, step times and move cost) is its load report for
-        ``partition_share``.
+        ``plan_give_back``.
         """
         self.expire(now)
-        self.last_seen[worker] = self.last_heard[worker] = now
+        members = self.members(now) | {worker}
+        num_turns = self.membership.num_turns(worker, members)
+        if not self.membership.last_seen:
+            self.counters.num_members_at_first_lease = len(members)
+        self.membership.saw_lease(worker, now)
+        self.last_heard[worker] = now
         if progress is not None:
             self.loads[worker] = _Load(progress, now)
+            self.num_reports += 1
         taken: list[WorkItem] = []
         if max_items <= 0 or not self.pending:
             return taken
@@ -179,18 +246,26 @@ class WorkPool:
         cost = {i: self.cost(self.items[i]) for i in (*self.pending, *self.leases)}
         leasable.sort(key=lambda i: (-cost[i], self.items[i].prefix not in mine,
                                      self.items[i].owner != worker))
-        active = sum(1 for t in self.last_seen.values() if now - t < _ACTIVE_WINDOW_S)
         held = sum(cost[i] for i, lease in self.leases.items() if lease.worker == worker)
         outstanding = sum(cost.values())
-        quota = -(-outstanding // max(active, 1)) - held
-        if quota <= 0 and held > 0:
+        quota = -(-outstanding // len(members)) - held
+        if quota <= 0 and held > 0 and not any(self.items[i].not_for is not None for i in leasable):
             return taken  # over its share already; a worker holding nothing always gets one item
+        spread = None
+        if num_turns > 1:
+            spread = Spread(sorted(cost.values()),
+                             sorted(cost[i] for i, lease in self.leases.items() if lease.worker != worker),
+                             sorted(cost[i] for i, lease in self.leases.items() if lease.worker == worker),
+                             num_turns)
         chosen = []
         for item_id in leasable:
             if len(chosen) == max_items:
                 break
-            if chosen and quota < cost[item_id]:
+            placed = self.items[item_id].not_for is not None  # given back: the move rule placed it
+            if not placed and chosen and quota < cost[item_id]:
                 continue  # a shorter one further on may still fit the share
+            if not placed and spread is not None and not spread.allows(cost[item_id], len(chosen)):
+                continue  # another member's turn: a shorter one may still be this worker's
             chosen.append(item_id)
             quota -= cost[item_id]
         for item_id in chosen:
@@ -206,6 +281,8 @@ class WorkPool:
                 mine.move_to_end(item.prefix)
                 if len(mine) > _PREFIXES_PER_WORKER:
                     mine.popitem(last=False)
+        if worker in self.loads:
+            self.loads[worker].leased_since += taken
         self.counters.leased_by_worker[worker] = self.counters.leased_by_worker.get(worker, 0) + len(taken)
         return taken
 
@@ -213,26 +290,43 @@ class WorkPool:
         """PARTITION at the tail: which of its sequences ``worker`` should give back.
 
         Only once nothing is pending (idle actors take unstarted work first), not within the
-        cooldown after its last give-back, and only those ``plan_moves`` names: the workers'
-        reported sequences, the stage's pooled step times and the learned output lengths must
-        show the moves paying for themselves (``engine/migration/planner.py``). The worker
-        exports exactly these, so ``num_moves_planned`` counts sequences that are given back.
+        cooldown after its last give-back, and only those ``plan_moves`` names: the alive
+        workers' reports, each carried forward to ``now`` by the stage's step model
+        (``WorkerProgress.advanced``: a worker whose call is held reported when it called),
+        receivers being those that take work now (``Members.takes_work``) with empty slots; the stage's pooled step model (calibrated lines
+        at the measured level); and the learned output lengths must show the moves paying for
+        themselves (``engine/migration/planner.py``). The worker exports exactly these, so
+        ``num_moves_planned`` counts sequences that are given back.
         """
         me = self.loads.get(worker)
         if self.pending or me is None or now - self.last_gave.get(worker, -1e9) < _PARTITION_COOLDOWN_S:
             return []
-        active = {w: load.progress for w, load in self.loads.items() if now - load.seen <= _ACTIVE_WINDOW_S}
-        receivers = [p for w, p in active.items() if w != worker and p.free_slots > 0]
-        if not receivers or not any(s.movable for s in me.progress.seqs):
-            return []
+        alive = {w: load for w, load in self.loads.items() if w == worker or self.is_alive(w, now)}
         pooled = StepSums()
-        for progress in active.values():
-            pooled = pooled.merged(progress.step)
-        plan = plan_moves(me.progress, receivers, self.lengths, pooled.fit())
+        for load in alive.values():
+            pooled = pooled.merged(load.progress.step)
+        model = pooled.fit()
+        reports = {w: self._report_now(w, load, now, model) for w, load in alive.items()}
+        receivers = [p for w, p in reports.items()
+                     if w != worker and p.free_slots > 0 and self.membership.takes_work(w, now)]
+        if not receivers or not any(s.movable for s in reports[worker].seqs):
+            return []
+        plan = plan_moves(reports[worker], receivers, self.lengths, model)
         self.counters.num_moves_planned += plan.count
         if not plan.count and plan.missed_s > 0:
             self.counters.num_moves_declined += 1
         return list(plan.moves)
+
+    def _report_now(self, worker: str, load: _Load, now: float, model) -> WorkerProgress:
+        """A worker's last report carried forward to ``now``, with the items leased to it since
+        (not in its engine when it reported; the ones it finished since are gone)."""
+        report = load.progress.advanced(now - load.seen, model)
+        unreported = [item for item in load.leased_since
+                      if (lease := self.leases.get(item.item_id)) is not None and lease.worker == worker]
+        if not unreported:
+            return report
+        extra = tuple(_unreported(item, self.cost(item) - 1) for item in unreported)
+        return replace(report, seqs=report.seqs + extra)
 
     def give_back(self, worker: str, item_id: str, state: Any, num_generated: int, now: float) -> bool:
         """End a lease with the sequence's exported state: the item is pending again, to be
@@ -289,6 +383,7 @@ class WorkPool:
     def worker_died(self, worker: str) -> int:
         """Its leases go back to pending, and its own batches leave (nobody will take them)."""
         self.loads.pop(worker, None)
+        self.membership.forget(worker)
         for key in [key for key, batch in self.batches.items() if batch.owner == worker]:
             self.forget_batch(key)
         lost = [i for i, lease in self.leases.items() if lease.worker == worker]

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchgen_data.engine.migration.lengths import OutputLengths
-from batchgen_data.engine.migration.planner import Move, WorkerProgress, finish_s, plan_moves, replay
+from batchgen_data.engine.migration.planner import Move, MoveMargin, WorkerProgress, finish_s, plan_moves, replay
 from batchgen_data.engine.core.progress import SeqProgress
-from batchgen_data.engine.migration.step_model import StepModel, StepSums
+from batchgen_data.engine.migration.step_model import StepModel, StepSums, fit_line
 
 CPU_LIKE = StepModel(0.008, 0.003)  # each running sequence adds 3 ms to an 8 ms step
 FLAT = StepModel(0.03, 0.0)  # decode bound by the weights: a step costs the same at any n
@@ -54,7 +54,7 @@ def test_step_sums_fit_the_measured_line_and_stay_flat_without_spread():
     same_n = StepSums()
     for _ in range(28):
         same_n.observe(8, 8, 0.04)
-    assert same_n.fit() == StepModel(pytest.approx(0.04), 0.0)  # the slope is unknown: flat
+    assert same_n.fit() == StepModel(pytest.approx(0.04), 0.0, is_slope_known=False)  # the slope is unknown
     assert StepSums().fit() is None
     assert same_n.merged(sums).fit().per_seq_s > 0  # a peer's spread pins the slope down
 
@@ -210,3 +210,47 @@ def test_ranks_queued_work_moves_to_free_slots_and_even_running_sets_stay():
     assert plan_moves(_rank(running=[(5, 40)] * 2), [_rank()], None, flat).count == 0
     # A queued sequence about to start anyway stays (moving it would only add the move's cost).
     assert plan_moves(_rank(running=[(38, 40), (0, 40)], queued=[40]), [_rank()], None, flat).count == 0
+
+
+def test_the_margin_is_in_seconds_a_multiple_of_the_cost_and_a_floor():
+    giver = worker(running=[(56, 256)] * 4)  # halving its running set saves ~1.1 s for a ~0.1 s move
+    plan = plan_moves(giver, [worker()], OutputLengths(), CPU_LIKE)
+    assert plan.count == 2 and plan.gain_s >= 2 * plan.cost_s and plan.gain_s >= 8 * CPU_LIKE.step_s(4)
+    # The same gain against a dearer move: not twice its cost.
+    assert plan_moves(giver, [worker()], OutputLengths(), CPU_LIKE, MoveMargin(gain_per_cost=12.0)).count == 0
+    # Or under the floor (here 100 of the giver's 20 ms steps), however cheap the move.
+    declined = plan_moves(giver, [worker()], OutputLengths(), CPU_LIKE, MoveMargin(min_gain_steps=100))
+    assert declined.count == 0 and 0.5 < declined.missed_s < 2.0  # what it would have saved, in seconds
+    # A gain that is a small share of a long finish, but many times the move's cost, is made (a
+    # 20% share of the finish refused it): a 100 ms step base, 5 ms per sequence, 100 tokens left.
+    heavy_base = worker(running=[(156, 256)] * 4, latency_s=0.01)
+    plan = plan_moves(heavy_base, [worker()], OutputLengths(), StepModel(0.1, 0.005))
+    assert plan.count == 2 and plan.gain_s > 0.5 and plan.gain_s < 0.2 * plan.before_s
+
+
+def test_the_split_the_issue_saw_declined_is_made_with_the_calibrated_slope():
+    # Issue #33: eight long rows on one actor, its steps 24 ms at 3 sequences, 28 at 5, 36 at 8;
+    # the other actor idle. The pooled model fitted from the job's steps was nearly flat (1.7 ms
+    # per sequence on a 29 ms base), the gain looked like 5-14% of the finish, under the 20%
+    # margin; the move would have cost 0.11 s.
+    giver = worker(running=[(56, 256)] * 8, latency_s=0.11)
+    calibrated = fit_line({3: 0.024, 5: 0.028, 8: 0.036})
+    plan = plan_moves(giver, [worker()], OutputLengths(), calibrated)
+    assert plan.count >= 3 and plan.gain_s > 2 * plan.cost_s
+    # A flat stand-in (steps seen at one size only) splits no running set: its slope is unknown.
+    unknown = StepModel(0.036, 0.0, is_slope_known=False)
+    assert plan_moves(giver, [worker()], OutputLengths(), unknown).count == 0
+    # ... but queued work still moves to empty slots under it.
+    queued = worker(running=[(56, 256)] * 8, waiting=[256] * 4)
+    assert {m.request_id for m in plan_moves(queued, [worker()], OutputLengths(), unknown).moves} == {8, 9, 10, 11}
+
+
+def test_a_report_carried_forward_runs_its_sequences_on():
+    report = worker(running=[(10, 40), (30, 40)], waiting=[64])
+    model = StepModel(0.01, 0.0)  # 10 ms steps at any size
+    later = report.advanced(0.125, model)  # 12 steps on: the waiting one started in a free slot
+    assert [(s.num_generated, s.num_tokens, s.running) for s in later.seqs] == [(22, 42, True), (12, 32, True)]
+    assert later.free_slots == report.free_slots + 1  # one finished
+    full = worker(running=[(10, 40), (30, 40)], waiting=[64], slots=2)
+    assert [(s.num_generated, s.running) for s in full.advanced(0.125, model).seqs] == [(22, True), (0, False)]
+    assert report.advanced(0.005, model) is report and report.advanced(1.0, None) is report

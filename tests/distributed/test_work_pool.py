@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -41,6 +42,63 @@ def test_a_worker_takes_only_its_fair_share_while_others_are_active():
     assert len(mine) == 4  # half of the 8 pending rows
     assert len(pool.lease("helper", 100, now=0.6)) == 4
     assert len(pool.lease("owner-a", 100, now=5.0)) == 0
+
+
+def _long_and_short(num_long: int, num_short: int) -> list[tuple[str, dict]]:
+    """The issue's workload: long rows clustered at the front of one owner's batch."""
+    return ([(f"long {i}", {"max_tokens": 256}) for i in range(num_long)]
+            + [(f"short {i}", {"max_tokens": 8}) for i in range(num_short)])
+
+
+def _long_rows(leased) -> int:
+    return sum(item.max_tokens == 256 for item in leased)
+
+
+def test_long_rows_are_spread_over_the_stages_registered_actors_at_admission():
+    # Issue #33: with the share taken over who had leased lately, the first actor to lease was
+    # the only one and took all 8 long rows (4 runs in 5). Registered as they start, both
+    # actors count from the first lease on, and the long rows go round-robin.
+    pool = WorkPool()
+    for w in ("a", "b"):
+        pool.register(w, now=0.0)
+    pool.submit("batch", "a", _long_and_short(8, 40), now=5.0)
+    first = pool.lease("a", 256, now=5.0)  # default max_num_seqs: room for everything
+    assert _long_rows(first) == 4 and pool.lease("a", 256, now=5.1) == []  # at its share
+    assert pool.counters.num_members_at_first_lease == 2
+    second = pool.lease("b", 256, now=5.2)
+    assert _long_rows(second) == 4
+    # Three actors, four long rows of different lengths: two, one and one, the longest first.
+    pool = WorkPool()
+    for w in ("a", "b", "c"):
+        pool.register(w, now=0.0, ready=True)
+    rows = [(f"r{n}", {"max_tokens": n}) for n in (300, 290, 280, 270)]
+    rows += [(f"s{i}", {"max_tokens": 60}) for i in range(40)]
+    pool.submit("batch", "a", rows, now=0.5)
+    got = {w: sorted((i.max_tokens for i in pool.lease(w, 8, now=0.5) if i.max_tokens > 60), reverse=True)
+           for w in ("a", "b", "c")}
+    assert got == {"a": [300, 270], "b": [290], "c": [280]}
+
+
+def test_an_actor_that_does_not_come_is_not_waited_for():
+    pool = WorkPool(lease_timeout_s=15.0)
+    pool.register("gone", now=-100.0)  # an earlier job's actor that never leased
+    for w in ("a", "b"):
+        pool.register(w, now=0.0)
+    pool.register("c", now=0.5)  # its process started half a second later
+    pool.register("a", now=3.0, ready=True, load_s=3.0)
+    pool.register("b", now=3.2, ready=True, load_s=3.2)  # built, but Ray Data has no batch for it
+    pool.submit("batch", "a", _long_and_short(6, 0), now=3.3)
+    assert _long_rows(pool.lease("a", 8, now=3.3)) == 2  # a third: b and c may still come
+    assert pool.members(now=3.6) == {"a", "b", "c"}
+    assert pool.next_change_s("a", now=3.6) == pytest.approx(3.7)  # b's first-call grace ends
+    # c should be ready by its start plus the slowest load so far, with slack, and that grace.
+    assert pool.members(now=3.8) == {"a", "c"}
+    assert _long_rows(pool.lease("a", 8, now=3.8)) == 1  # half of the rest: c still loads
+    assert pool.next_change_s("a", now=3.8) == pytest.approx(0.5 + 1.25 * 3.2 + 0.5)
+    assert pool.members(now=5.1) == set()  # c is not waited for any more (and a is not calling now)
+    assert _long_rows(pool.lease("a", 8, now=5.1)) == 3
+    pool.worker_died("a")
+    assert "a" not in pool.membership.registered
 
 
 def test_expired_and_dead_workers_leases_return_and_late_duplicates_drop():
@@ -151,6 +209,35 @@ def test_tail_moves_follow_the_plan_and_hand_the_state_on():
     assert not pool.give_back("busy", moved, state=None, num_generated=0, now=1.5)  # not its lease now
     pool.complete("idle", moved, "r")
     assert pool.counters.num_migrated == 1
+
+
+def test_a_plan_counts_what_a_receiver_leased_since_it_reported():
+    # Two actors each lease four long rows; the second's report (sent with the call that leased
+    # them) still shows its engine empty. The first's four running rows do not move there: the
+    # pool counts the items it has leased to the second since (the first actor's batch of 8).
+    pool = WorkPool()
+    pool.submit("a", "first", [(f"p{i}", {"max_tokens": 256}) for i in range(8)])
+    cpu_like = _steps(0.008, 0.003)
+    pool.lease("first", 4, now=0.0)
+    assert len(pool.lease("second", 8, now=0.0, progress=_progress([], cpu_like))) == 4
+    pool.lease("first", 0, now=0.5, progress=_progress([(20, 256)] * 4, cpu_like))
+    assert pool.plan_give_back("first", now=0.5) == []
+    # Once those are done (the second actor is empty for real), the split pays again.
+    for item_id in [i for i, lease in pool.leases.items() if lease.worker == "second"]:
+        pool.complete("second", item_id, "r")
+    pool.lease("first", 0, now=0.6, progress=_progress([(20, 256)] * 4, cpu_like))
+    assert len(pool.plan_give_back("first", now=0.6)) == 2
+
+
+def test_a_given_back_item_goes_to_a_receiver_over_its_share():
+    pool = WorkPool()
+    pool.submit("a", "busy", [(f"p{i}", {"max_tokens": 100}) for i in range(4)])
+    pool.lease("idle", 0, now=0.0)
+    busy = pool.lease("busy", 2, now=0.1)
+    idle = pool.lease("idle", 8, now=0.1)
+    assert len(busy) == len(idle) == 2 and pool.lease("idle", 8, now=0.2) == []  # at its share
+    assert pool.give_back("busy", busy[0].item_id, state="s", num_generated=10, now=0.3)
+    assert [i.item_id for i in pool.lease("idle", 8, now=0.4)] == [busy[0].item_id]  # the move rule placed it
 
 
 def test_a_given_back_item_returns_to_its_giver_when_nobody_else_takes_it():

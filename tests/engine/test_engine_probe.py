@@ -63,3 +63,29 @@ def test_a_reader_on_another_thread_never_sees_a_torn_step():
         reader.join()
     assert not torn
     assert probe.snapshot.step.fit().step_s(n) == pytest.approx(s)
+
+
+def _live(request_id: int, status, generated: int = 3, max_tokens: int = 16):
+    from batchgen_data.engine.core.progress import RequestProgress
+
+    progress = RequestProgress(request_id, status, generated, max_tokens, 10 + generated)
+    return SimpleNamespace(handle=SimpleNamespace(progress=progress), movable=True)
+
+
+def test_the_snapshot_is_the_live_requests_of_one_step_read_when_asked():
+    """Publishing after every step keeps the live requests and the accepted count (no per-request
+    work on the engine thread); the reader builds their progress when it asks, each request from
+    its one latest record, running ones first, and a request that finished since reads as gone."""
+    from batchgen_data.engine.core.sequence import SequenceStatus
+    from batchgen_data.engine.migration.step_model import StepModel
+
+    probe, engine = EngineProbe(), _engine()
+    probe.calibrate(StepModel(0.01, 0.002))
+    live = {0: _live(0, SequenceStatus.WAITING), 1: _live(1, SequenceStatus.RUNNING),
+            2: _live(2, SequenceStatus.RUNNING)}
+    probe(engine, _report(num_running=2), live)
+    snapshot = probe.snapshot
+    assert [s.request_id for s in snapshot.progress.seqs] == [1, 2, 0] and snapshot.progress.num_accepted == 3
+    assert snapshot.step.calibrated == StepModel(0.01, 0.002)
+    live[2].handle.progress = dataclasses.replace(live[2].handle.progress, status=SequenceStatus.FINISHED)
+    assert [s.request_id for s in snapshot.progress.seqs] == [1, 0]  # its slot is free

@@ -1,12 +1,16 @@
-"""Rebalancing across two real operator actors: the tail is split between them (PARTITION) and
-moved sequences continue where they stopped (MIGRATE), with every row exactly once and the same
-text as a run on one engine (real local Ray, bounded in time)."""
+"""Rebalancing across real engines: long rows are spread over two operator actors as they are
+admitted; a tail left on one engine is split with another (PARTITION) and moved sequences
+continue where they stopped (MIGRATE); every row comes out exactly once with the same text as a
+run on one engine (real local Ray, bounded in time)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import pytest
+from pool_helpers import InProcessCoordinator
 
 from batchgen_data import BatchGenOperator, Engine, EngineConfig, SamplingParams
 
@@ -31,10 +35,8 @@ def _engine_config(demo_path) -> dict:
 
 
 def _rows() -> list[dict]:
-    # Two blocks: eight long rows, then eight shorter ones of 8 to 64 tokens. The actor that gets
-    # the long block leases all of it while it is the only active one; the other one's rows are
-    # done first, and from then on the pool has nothing pending, while the long rows' engine
-    # holds more than its KV memory runs at once: the tail is worth splitting.
+    # Two blocks: eight long rows, then eight shorter ones of 8 to 64 tokens (the long rows
+    # clustered at the front, the issue's workload).
     return [{"id": i, "prompt": f"Ticket {i}: the courier left parcel {i * 7} at the wrong door.",
              "sampling_params": {"max_tokens": 160 if i < 8 else 8 * (i - 7), "ignore_eos": True}}
             for i in range(16)]
@@ -54,7 +56,9 @@ def _reference(demo_path, rows, engine_config: dict) -> dict[int, list[int]]:
     return {r["id"]: o.token_ids for r, o in zip(rows, outs)}
 
 
-def test_tail_sequences_move_between_actors_and_continue_exactly(ray_cluster, demo_path, tmp_path):
+def test_long_rows_are_spread_over_the_actors_as_they_are_admitted(ray_cluster, demo_path, tmp_path):
+    """Both actors register with the stage's pool as they start, so the first to lease shares the
+    long rows over both, and every row comes out once with the text one engine gives it."""
     rows = _rows()
     engine_config = _engine_config(demo_path)
     expected = _reference(demo_path, rows, engine_config)
@@ -68,41 +72,75 @@ def test_tail_sequences_move_between_actors_and_continue_exactly(ray_cluster, de
     ).take_all()
     assert sorted(r["id"] for r in out) == [r["id"] for r in rows]  # every row exactly once
     assert {r["id"]: list(r["generated_tokens"]) for r in out} == expected
-    stats = [json.loads(p.read_text())["rebalance"] for p in tmp_path.glob("actor-*.json")]
-    assert len(stats) == 2, "both actors should have taken part"
-    assert sum(s["num_given_back"] for s in stats) > 0  # started rows moved, at the tail
-    assert sum(s["num_continued"] for s in stats) > 0  # and were finished by the other actor
-    # The pool planned exactly what the actors moved: each plan names its sequences, and the
-    # giving engine exports those.
+    reports = [json.loads(p.read_text()) for p in tmp_path.glob("actor-*.json")]
+    assert len(reports) == 2, "both actors should have taken part"
+    assert all(r["rebalance"]["calibrated_per_seq_s"] > 0 for r in reports)  # a CPU: each sequence adds
+    # The pool planned exactly what the actors moved (each plan names its sequences, and the
+    # giving engine exports those), and actors with room waited in held calls, not polls.
     [pool] = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("batchgen-pool-")]
     counters = ray.get(ray.get_actor(pool["name"], namespace=pool["namespace"]).counters.remote())
-    assert counters["num_moves_planned"] == counters["num_migrated"] == sum(s["num_given_back"] for s in stats)
+    assert counters["num_moves_planned"] == counters["num_migrated"] == sum(r["rebalance"]["num_given_back"]
+                                                                              for r in reports)
+    assert counters["num_lease_calls"] < 200
+    # Both actors registered as they started, before loading their models: the stage's first
+    # lease already shared the long rows over two (where they went then depends on how far
+    # apart Ray started the two actors: ``test_work_pool`` covers the rule itself).
+    assert counters["num_members_at_first_lease"] == 2
 
 
-class _InProcess:
-    """A ``Coordinator`` in this process behind the ``handle.method.remote(...)`` calls a Ray
-    actor handle takes, so a test can look into its pool."""
-
-    def __init__(self, coordinator):
-        self.coordinator = coordinator
-
-    def __getattr__(self, name: str):
-        import asyncio
-        from types import SimpleNamespace
-
-        method = getattr(self.coordinator, name)
-        return SimpleNamespace(remote=lambda *args: asyncio.ensure_future(method(*args)))
-
-
-def _rebalance_client(demo_path):
-    """One operator actor's rebalancing client over an in-process pool (no Ray Data)."""
-    from batchgen_data.distributed.coordinator import Coordinator
+def _rebalance_client(demo_path, coordinator, engine_config: dict = ENGINE_CONFIG):
+    """One operator actor's rebalancing client over an in-process pool (no Ray Data); build it in
+    the running event loop (it registers with the pool)."""
     from batchgen_data.engine.async_engine import AsyncEngine
     from batchgen_data.operators.rebalance import RebalanceClient
 
-    handle = _InProcess(Coordinator(lease_timeout_s=5.0))
-    engine = AsyncEngine(Engine(demo_path, EngineConfig(**ENGINE_CONFIG)))
-    return RebalanceClient(engine, "test-stage", 5.0, handle), handle.coordinator.pool, engine
+    engine = AsyncEngine(Engine(demo_path, EngineConfig(**engine_config)))
+    return RebalanceClient(engine, "test-stage", 5.0, InProcessCoordinator(coordinator)), engine
+
+
+def test_tail_sequences_move_between_engines_and_continue_exactly(ray_cluster, demo_path):
+    """One engine takes all eight long rows while it is the only member of the stage; a second
+    one joins with room once they run: the pool has it take some of them over at the tail, and
+    the moved rows continue where they stopped."""
+    import torch
+
+    from batchgen_data.distributed.coordinator import Coordinator
+
+    rows = _rows()
+    engine_config = _engine_config(demo_path)
+    expected = _reference(demo_path, rows, engine_config)
+    coordinator = Coordinator(lease_timeout_s=5.0)
+    pool = coordinator.pool
+
+    def params(batch):
+        return [SamplingParams(temperature=0.0, **r["sampling_params"]) for r in batch]
+
+    async def job():
+        first, first_engine = _rebalance_client(demo_path, coordinator, engine_config)
+        long_rows, short_rows = rows[:8], rows[8:]
+        first_call = asyncio.ensure_future(first.run_batch([r["prompt"] for r in long_rows], params(long_rows)))
+        started = time.monotonic()
+        while len(pool.leases) < 8 and time.monotonic() - started < 60.0:
+            await asyncio.sleep(0.02)  # until the first engine holds them all (bounded)
+        assert len(pool.leases) == 8
+        second, second_engine = _rebalance_client(demo_path, coordinator, engine_config)
+        second_call = second.run_batch([r["prompt"] for r in short_rows], params(short_rows))
+        try:
+            return await asyncio.gather(first_call, second_call), second
+        finally:
+            first_engine.shutdown()
+            second_engine.shutdown()
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the reference (``_reference``) and the fractional-CPU actors
+    try:
+        (first_results, second_results), second = asyncio.run(job())
+    finally:
+        torch.set_num_threads(threads)
+    assert _tokens(first_results) + _tokens(second_results) == [expected[r["id"]] for r in rows]
+    assert pool.counters.num_migrated > 0 and second.stats.num_continued > 0  # moved, and finished there
+    assert pool.counters.num_moves_planned == pool.counters.num_migrated
+    assert not (pool.batches or pool.items or pool.results)
 
 
 def _tokens(results) -> list[list[int]]:
@@ -112,19 +150,21 @@ def _tokens(results) -> list[list[int]]:
 def test_equal_batches_of_two_calls_get_their_own_samples(ray_cluster, demo_path):
     """Two calls with the same rows (unseeded, sampled) are two batches: each gets samples of
     its own, not a copy of the other's."""
-    import asyncio
+    from batchgen_data.distributed.coordinator import Coordinator
 
-    client, pool, engine = _rebalance_client(demo_path)
+    coordinator = Coordinator(lease_timeout_s=5.0)
+    pool = coordinator.pool
     prompts = ["Write one line about a parcel."] * 4
     params = [SamplingParams(max_tokens=12, temperature=1.0, ignore_eos=True) for _ in prompts]
 
     async def job():
-        return await asyncio.gather(client.run_batch(prompts, params), client.run_batch(prompts, params))
+        client, engine = _rebalance_client(demo_path, coordinator)
+        try:
+            return await asyncio.gather(client.run_batch(prompts, params), client.run_batch(prompts, params))
+        finally:
+            engine.shutdown()
 
-    try:
-        first, second = asyncio.run(job())
-    finally:
-        engine.shutdown()
+    first, second = asyncio.run(job())
     assert pool.counters.num_submitted == 8  # two entries in the pool, not one shared
     assert _tokens(first) != _tokens(second)
     assert not (pool.batches or pool.items or pool.results)
@@ -133,13 +173,20 @@ def test_equal_batches_of_two_calls_get_their_own_samples(ray_cluster, demo_path
 def test_a_cancelled_call_leaves_nothing_in_the_pool(ray_cluster, demo_path):
     """A batch whose caller was cancelled mid-run: its items and results leave the pool (nobody
     will ever take them), while the work already running finishes and is dropped."""
-    import asyncio
-    import time
+    from batchgen_data.distributed.coordinator import Coordinator
 
-    client, pool, engine = _rebalance_client(demo_path)
+    coordinator = Coordinator(lease_timeout_s=5.0)
+    pool = coordinator.pool
     params = [SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True) for _ in range(4)]
 
     async def job():
+        client, engine = _rebalance_client(demo_path, coordinator)
+        try:
+            await run(client)
+        finally:
+            engine.shutdown()
+
+    async def run(client):
         call = asyncio.ensure_future(client.run_batch([f"Row {i}: a long note." for i in range(4)], params))
         started = time.monotonic()
         while not pool.leases and not call.done() and time.monotonic() - started < 60.0:
@@ -152,9 +199,6 @@ def test_a_cancelled_call_leaves_nothing_in_the_pool(ray_cluster, demo_path):
         while (pool.batches or pool.items or pool.results) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
 
-    try:
-        asyncio.run(job())
-    finally:
-        engine.shutdown()
+    asyncio.run(job())
     assert not (pool.batches or pool.items or pool.results or pool.pending)
     assert pool.counters.num_batches_dropped == 1

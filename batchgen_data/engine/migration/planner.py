@@ -12,7 +12,9 @@ The estimates come from what the workers measured, never from sequence counts al
 
 * **Remaining work of a sequence**: the tokens it has left under ``max_tokens``, lowered by the
   output lengths the job has already seen (``lengths.OutputLengths``), where the caller has them.
-* **Step time**: a ``StepModel`` (``step_model.py``), ``step_s(n) = base_s + per_seq_s * n``.
+* **Step time**: a ``StepModel`` (``step_model.py``), ``step_s(n) = base_s + per_seq_s * n``,
+  calibrated at engine start and scaled to the steps measured since; where its slope is unknown
+  (no calibration, and every step observed ran one size) no running sequence is a candidate.
 * **When each sequence ends** (``replay``): a worker's sequences run through its running slots in
   order (running ones first), each waiting one starting as a slot frees, every step costing
   ``step_s(sequences running)``; sequences moved in join the receiver's queue once the move is done.
@@ -23,15 +25,18 @@ The estimates come from what the workers measured, never from sequence counts al
 NOTE: the rule. Candidates are the giver's queued sequences (waiting for a running slot, or for KV
 memory), the last to start first, then its running ones, the most tokens left first. Receivers are
 served soonest-finishing first; each takes the prefix of the candidates, at most its empty slots,
-that does not delay the later finish of giver and receiver and gains at least ``MIN_GAIN_FRACTION``
-net of the move's cost, measured on the work the move changes: moving queued sequences changes
-when they start, so they must finish that much sooner themselves; moving running ones changes the
-step cost on both sides, so the pair's later finish must drop that much. Among the prefixes that
-pass, the one with the earliest later finish wins (then the giver's earliest finish, then the least
-work left on it). So queued work goes to empty slots wherever that starts it clearly sooner, even
-where something else sets the finish; running work moves only where smaller steps pay for the
-move (a long tail on a CPU, never its last few tokens); and nothing moves back: after a move
-neither side can gain the margin again. Pure Python: the coordinator's process imports it.
+that does not delay the later finish of giver and receiver and whose gain clears the margin
+(``MoveMargin``), in seconds: at least ``gain_per_cost`` times the move's estimated cost and at
+least ``min_gain_steps`` of the giver's steps. The gain is measured on the work the move changes,
+net of the move's cost (moved sequences start once the move is done): moving queued sequences
+changes when they start, so it is how much sooner they finish, on average; moving running ones
+changes the step cost on both sides, so it is how much sooner the later of giver and receiver
+finishes. Among the prefixes that pass, the one with the earliest later finish wins (then the
+giver's earliest finish, then the least work left on it). So queued work goes to empty slots
+wherever that starts it clearly sooner, even where something else sets the finish; running work
+moves only where smaller steps pay for the move several times over (a long tail on a CPU, never
+its last few tokens); and nothing moves back: a prefix must strictly shorten the later finish,
+and after a move no move back does. Pure Python: the coordinator's process imports it.
 """
 
 from __future__ import annotations
@@ -40,15 +45,35 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from batchgen_data.engine.core.progress import SeqProgress
 from batchgen_data.engine.migration.lengths import OutputLengths
 from batchgen_data.engine.migration.step_model import StepModel, StepSums
 
-# The moved sequences must finish at least this share sooner (hysteresis against estimation noise
-# and ping-pong).
-MIN_GAIN_FRACTION = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class MoveMargin:
+    """How much a move must gain, in seconds, to be made: ``required_s``.
+
+    ``gain_per_cost``: the estimated cost of a move (round trips, the receiver's step, shipping or
+    recomputing the KV) is itself an estimate, and a move also disturbs both engines for a step
+    or two; a gain of twice the cost leaves room for both. ``min_gain_steps``: an absolute floor
+    in the giver's own steps (not a share of the finish, which grows with the job): a gain of
+    fewer steps than this is within what the estimates miss by (a replay's rounding, tokens-left
+    estimates off by a few tokens). On the demo model on a CPU, 8 steps are ~0.2 s; on an
+    accelerator's ~10 ms steps, 80 ms.
+    """
+
+    gain_per_cost: float = 2.0
+    min_gain_steps: float = 8.0
+
+    def required_s(self, cost_s: float, step_s: float) -> float:
+        return max(self.gain_per_cost * cost_s, self.min_gain_steps * step_s)
+
+
+DEFAULT_MARGIN = MoveMargin()
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,16 +82,17 @@ class WorkerProgress:
     engine's driver)."""
 
     slots: int  # sequences its engine runs at once (max_num_seqs)
-    seqs: tuple[SeqProgress, ...] = ()  # running ones first, then suspended, then waiting
+    # Running ones first, then suspended, then waiting; last, those leased that have not reached
+    # its engine yet (waiting, not movable: the engine has no id for them yet).
+    seqs: tuple[SeqProgress, ...] = ()
     step: StepSums = field(default_factory=StepSums)
     move_s_per_token: float = 0.0  # min(KV transfer, recompute) per token, from its engine's rates
-    move_latency_s: float = 0.1  # fixed cost of one move: round trips and the receiver's poll
-    num_incoming: int = 0  # sequences leased that have not reached its engine yet
+    move_latency_s: float = 0.1  # fixed cost of one move: round trips and a step of the receiver
     kv_s_per_token: float = math.inf  # shipping one token's KV (``MigrationCosts.transfer_s(1)``)
 
     @property
     def free_slots(self) -> int:
-        return max(0, self.slots - len(self.seqs) - self.num_incoming)
+        return max(0, self.slots - len(self.seqs))
 
     @property
     def run_slots(self) -> int:
@@ -80,6 +106,33 @@ class WorkerProgress:
     def ships_kv(self) -> bool:
         """Its started sequences move with their KV (shipping beats recomputing it)."""
         return self.kv_s_per_token <= self.move_s_per_token
+
+    def advanced(self, seconds: float, model: StepModel | None) -> WorkerProgress:
+        """This report as it stands ``seconds`` after it was taken, by the step model: the
+        running sequences, and the waiting ones that fit in its free running slots, a token
+        further per step; those that reach their ``max_tokens`` gone. (A worker reports again
+        whenever it leases; between two of its calls, the pool plans with its report carried
+        forward this way.)"""
+        num_free = max(0, self.run_slots - sum(1 for s in self.seqs if s.running))
+        runs = []
+        for s in self.seqs:
+            starts = not s.started and num_free > 0
+            num_free -= starts
+            runs.append(s.running or starts)
+        if seconds <= 0 or model is None or not any(runs) or model.step_s(sum(runs)) <= 0:
+            return self
+        steps = int(seconds / model.step_s(sum(runs)))
+        if not steps:
+            return self
+        seqs = []
+        for s, runs_on in zip(self.seqs, runs):
+            if runs_on:
+                if s.num_generated + steps >= s.max_tokens:
+                    continue  # finished by now
+                s = replace(s, num_generated=s.num_generated + steps, num_tokens=s.num_tokens + steps,
+                            started=True, running=True)
+            seqs.append(s)
+        return replace(self, seqs=tuple(seqs))
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +148,7 @@ class MovePlan:
     gain_s: float = 0.0  # estimated later finish of giver and receivers saved, net of the moves' cost
     before_s: float = 0.0  # that later finish without moving
     cost_s: float = 0.0  # the moves' estimated cost
-    missed_s: float = 0.0  # nothing moved: what the best move the margin refused would have saved
+    missed_s: float = 0.0  # nothing moved: the largest gain the margin refused (seconds)
 
     @property
     def count(self) -> int:
@@ -152,7 +205,7 @@ def finish_s(tokens_left: Sequence[float], slots: int, model: StepModel) -> floa
 
 
 def plan_moves(giver: WorkerProgress, receivers: Sequence[WorkerProgress], lengths: OutputLengths | None,
-               model: StepModel | None, min_gain_fraction: float = MIN_GAIN_FRACTION) -> MovePlan:
+               model: StepModel | None, margin: MoveMargin = DEFAULT_MARGIN) -> MovePlan:
     """Which of ``giver``'s sequences go to which of ``receivers``, by the module's rule.
 
     Args:
@@ -160,9 +213,8 @@ def plan_moves(giver: WorkerProgress, receivers: Sequence[WorkerProgress], lengt
         receivers (Sequence[WorkerProgress]): other workers; those without empty slots take nothing.
         lengths (OutputLengths | None): learned output lengths; None plans by ``max_tokens``.
         model (StepModel | None): step time by running sequences; None (nothing measured yet)
-            plans nothing.
-        min_gain_fraction (float, default ``MIN_GAIN_FRACTION``): how much sooner, as a share,
-            the moved sequences must finish.
+            plans nothing; with ``is_slope_known`` False, only queued sequences are candidates.
+        margin (MoveMargin, default ``DEFAULT_MARGIN``): what a move must gain, in seconds.
 
     Example:
         >>> from batchgen_data.engine.core.progress import SeqProgress
@@ -178,8 +230,11 @@ def plan_moves(giver: WorkerProgress, receivers: Sequence[WorkerProgress], lengt
     slots = giver.run_slots
     queued = list(range(len(left) - 1, slots - 1, -1))  # the last to start first
     running = sorted(range(min(slots, len(left))), key=lambda i: -left[i])
+    if not model.is_slope_known:  # whether a smaller running set pays is not known: only queued work
+        running = []
     order = [i for i in queued + running if giver.seqs[i].movable]
     work = {j: [_tokens_left(s, lengths) for s in receivers[j].seqs] for j in targets}
+    giver_step_s = model.step_s(max(1, sum(1 for s in giver.seqs if s.running)))
     receiver_s = {j: finish_s(work[j], receivers[j].run_slots, model) for j in targets}
     before = max([finish_s(left, slots, model), *receiver_s.values()])
 
@@ -204,11 +259,11 @@ def plan_moves(giver: WorkerProgress, receivers: Sequence[WorkerProgress], lengt
             if score >= best:
                 continue
             if any(i < slots for i in chosen):  # running work: smaller steps must pay for the move
-                gain, whole = baseline[0] - score[0], baseline[0]
+                gain = baseline[0] - score[0]
             else:  # queued work: it must start (and so finish) clearly sooner
-                gain, whole = sum(ends[i] for i in chosen) - sum(landed[len(work[j]):]), sum(ends[i] for i in chosen)
-            if gain < min_gain_fraction * whole:
-                missed = max(missed, baseline[0] - score[0])  # it would help, but not by the margin
+                gain = (sum(ends[i] for i in chosen) - sum(landed[len(work[j]):])) / len(chosen)
+            if gain < margin.required_s(cost, giver_step_s):
+                missed = max(missed, gain)  # it would help, but not by the margin
                 continue
             best, best_ids, after[j] = score, chosen, max(landed)
         if best_ids:

@@ -1,0 +1,38 @@
+"""Helpers for the work-pool tests: a ``Coordinator`` in the test's own event loop behind the calls
+a Ray actor handle takes, and an engine stand-in for a ``RebalanceClient`` (no model, no Ray)."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+
+class InProcessCoordinator:
+    """``handle.method.remote(*args)`` runs ``coordinator.method(*args)`` as a task of the running
+    loop, as a Ray actor call would run in the coordinator's: a test can look into its pool."""
+
+    def __init__(self, coordinator):
+        self.coordinator = coordinator
+
+    def __getattr__(self, name: str):
+        method = getattr(self.coordinator, name)
+        return SimpleNamespace(remote=lambda *args: asyncio.ensure_future(method(*args)))
+
+
+class StalledEngine:
+    """What a ``RebalanceClient`` reads of an ``AsyncEngine``, with ``max_running_seqs`` slots:
+    every item it is given runs until the test cancels it; no step ever runs, so its probe's
+    snapshot stays empty and its room is its slots less the items given to it."""
+
+    def __init__(self, max_running_seqs: int = 8):
+        stats = SimpleNamespace(num_forward_tokens=0, kernel_s=0.0, num_recomputed_tokens=0)
+        self.engine = SimpleNamespace(max_running_seqs=max_running_seqs, kv_bytes_per_token=64, stats=lambda: stats)
+        self.num_unfinished = 0
+        self.prompts: list = []
+
+    def add_step_listener(self, listener) -> None:
+        pass
+
+    async def run_one(self, prompt, params, state=None, movable=True):
+        self.prompts.append(prompt)
+        await asyncio.Event().wait()  # never finishes
