@@ -158,7 +158,7 @@ class StageConfig:
             raise ConfigError(f"task_type must be one of {list(TASK_TYPES)}, got {self.task_type!r}")
 
     def default_params(self) -> SamplingParams:
-        return SamplingParams(**{name: getattr(self, name) for name in SAMPLING_FIELDS if hasattr(self, name)})
+        return SamplingParams(**{name: getattr(self, name) for name in SAMPLING_FIELDS})
 
 
 @dataclass(slots=True)
