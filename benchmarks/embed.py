@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import sys
 import time
@@ -41,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from batchgen_data import Engine, EngineConfig  # noqa: E402
 from batchgen_data.paths import cache_dir  # noqa: E402
-from benchmarks.workload import BENCH_MODELS, build_bench_model  # noqa: E402
+from benchmarks.workload import BENCH_MODELS, build_bench_model, cpu_model  # noqa: E402
 
 
 def model_folder(name: str) -> Path:
@@ -161,9 +160,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    report = {"cpu": cpu, "threads": torch.get_num_threads(), "args": {k: str(v) for k, v in vars(args).items()},
+    report = {"cpu": cpu_model(), "threads": torch.get_num_threads(), "args": {k: str(v) for k, v in vars(args).items()},
               "load_average_start": os.getloadavg(), "results": []}
     for name in args.models:
         result = bench_model(name, args)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -28,6 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from batchgen_data import Engine, EngineConfig, SamplingParams  # noqa: E402
+from benchmarks.workload import cpu_model  # noqa: E402
 from batchgen_data.engine.sample.processors import ProcessorRows  # noqa: E402
 from batchgen_data.engine.sample.sampler import Sampler, SamplingBatch  # noqa: E402
 
@@ -40,16 +40,6 @@ PROCESSED = {"repetition_penalty": 1.2, "frequency_penalty": 0.5, "presence_pena
 def _params(rows: int, max_tokens: int, mixed: bool) -> list[SamplingParams]:
     return [SamplingParams(max_tokens=max_tokens, temperature=TEMPERATURE, seed=i, ignore_eos=True,
                            **(PROCESSED if mixed and i % 4 == 0 else {})) for i in range(rows)]
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def engine_runs(rows: int, max_tokens: int, reps: int) -> dict:
@@ -117,7 +107,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     engine = engine_runs(args.rows, args.max_tokens, args.reps)
     sampler = sampler_runs(args.rows, engine["vocab"], args.max_tokens, args.sampler_reps)
-    result = {"cpu": _cpu_model(), "threads": torch.get_num_threads(), "rows": args.rows,
+    result = {"cpu": cpu_model(), "threads": torch.get_num_threads(), "rows": args.rows,
               "max_tokens": args.max_tokens, "processed_rows": (args.rows + 3) // 4, "processed": {
                   k: v if not isinstance(v, dict) else {str(t): b for t, b in v.items()} for k, v in PROCESSED.items()},
               "engine": engine, "sampler": sampler}

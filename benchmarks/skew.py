@@ -33,7 +33,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import random
 import shlex
 import shutil
@@ -47,6 +46,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from batchgen_data import BatchGenOperator  # noqa: E402
+from benchmarks.workload import cpu_model  # noqa: E402
 
 # A gap between two engine steps longer than this counts as idle time on the timeline.
 _IDLE_GAP_S = 0.2
@@ -304,16 +304,6 @@ def worst_pair_lines(result: dict) -> list[str]:
 
 def _s(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds:.1f} s"
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main(argv=None) -> list[dict]:
