@@ -40,7 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from batchgen_data import Engine, EngineConfig  # noqa: E402
 from batchgen_data.paths import cache_dir  # noqa: E402
-from benchmarks.workload import BENCH_MODELS, build_bench_model, cpu_model  # noqa: E402
+from batchgen_data.hardware import cpu_model  # noqa: E402
+from benchmarks.workload import BENCH_MODELS, build_bench_model  # noqa: E402
 
 
 def model_folder(name: str) -> Path:

@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from batchgen_data import Engine, EngineConfig, SamplingParams  # noqa: E402
-from benchmarks.workload import cpu_model  # noqa: E402
+from batchgen_data.hardware import cpu_model  # noqa: E402
 from batchgen_data.engine.sample.processors import ProcessorRows  # noqa: E402
 from batchgen_data.engine.sample.sampler import Sampler, SamplingBatch  # noqa: E402
 

@@ -46,7 +46,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from batchgen_data import BatchGenOperator  # noqa: E402
-from benchmarks.workload import cpu_model  # noqa: E402
+from batchgen_data.hardware import cpu_model  # noqa: E402
 
 # A gap between two engine steps longer than this counts as idle time on the timeline.
 _IDLE_GAP_S = 0.2
@@ -174,14 +174,21 @@ QUICK = (Scenario("quick-in-set", 48, 16, 4, "front", 128, 8, None, 2),
          Scenario("quick-queued", 48, 16, 16, "front", 128, 8, 8, 2))
 
 
-def warm_up(ray, actors: int) -> None:
-    """One small untimed job first, so no timed case pays the cold start alone (worker processes,
-    imports from a cold page cache, the demo checkpoint, the engine's GEMM plan)."""
+def warm_up(ray, scenarios: list[Scenario]) -> None:
+    """Small untimed jobs first, so no timed case pays the cold start alone (worker processes,
+    imports from a cold page cache, the demo checkpoint, the engine's GEMM plan, and the step
+    model's calibration, which a machine keeps per model and running-set cap: one rebalanced job
+    per cap the scenarios use)."""
+    actors = max(s.actors for s in scenarios)
     rows = make_rows(Scenario("warm-up", 4 * actors, 4, 0, "front", 4, 4, None, actors), 0)
-    ray.data.from_items(rows).repartition(actors).map_batches(
-        BatchGenOperator, fn_constructor_kwargs={"model": "demo", "rebalance": False}, batch_size=4,
-        compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=0.5,
-    ).take_all()
+    for max_num_seqs in sorted({s.max_num_seqs or _DEFAULT_MAX_NUM_SEQS for s in scenarios}):
+        engine_config = {"max_num_seqs": max_num_seqs}
+        ray.data.from_items(rows).repartition(actors).map_batches(
+            BatchGenOperator, fn_constructor_kwargs={"model": "demo", "engine_config": engine_config,
+                                                     "rebalance": True},
+            batch_size=4, compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=0.5,
+        ).take_all()
+        _kill_coordinators(ray)
 
 
 def run_case(ray, scenario: Scenario, rows: list[dict], rebalance: bool, stats_dir: Path) -> dict:
@@ -234,7 +241,8 @@ def where_time_went(report: dict, job_start: float, wall: float) -> dict:
         "engine_start_s": report["start_wall"] - job_start, **since,
         "first_step_s": at[0] - steps[0]["step_s"] if steps else None, "last_step_s": at[-1] if steps else None,
         "idle_gap_s": sum(g for g in gaps if g > _IDLE_GAP_S), "idle_fraction": max(0.0, 1 - busy / wall),
-        "calibration_s": reb.get("calibration_s", 0.0), "calibrated_per_seq_s": reb.get("calibrated_per_seq_s", 0.0),
+        "calibration_s": reb.get("calibration_s", 0.0), "calibration_cached": reb.get("calibration_cached", False),
+        "calibrated_per_seq_s": reb.get("calibrated_per_seq_s", 0.0),
         "pool_calls": reb.get("num_pool_calls", 0), "pool_call_s": reb.get("pool_call_s", 0.0),
         "pool_held_s": reb.get("pool_held_s", 0.0), "leased": reb.get("num_leased", 0),
         "given_back": reb.get("num_given_back", 0), "continued": reb.get("num_continued", 0),
@@ -294,7 +302,8 @@ def worst_pair_lines(result: dict) -> list[str]:
                     f"last {_s(a['last_step_s'])}, {a['num_steps']} steps ({a['busy_s']:.1f} s busy), "
                     f"gaps {a['idle_gap_s']:.1f} s")
             if side == "on":
-                line += (f"; ready {_s(a['ready_wall'])} (calibration {a['calibration_s']:.2f} s), "
+                line += (f"; ready {_s(a['ready_wall'])} (calibration {a['calibration_s']:.2f} s"
+                         f"{', cached' if a['calibration_cached'] else ''}), "
                          f"first items {_s(a['first_items_wall'])}, {a['leased']} leased, "
                          f"{a['pool_calls']} pool calls ({a['pool_call_s'] - a['pool_held_s']:.2f} s not held), "
                          f"gave {a['given_back']}, continued {a['continued']}")
@@ -337,7 +346,7 @@ def main(argv=None) -> list[dict]:
     results = []
     args.out.mkdir(parents=True, exist_ok=True)
     try:
-        warm_up(ray, max(s.actors for s in scenarios))
+        warm_up(ray, scenarios)
         for scenario in scenarios:
             rows = make_rows(scenario, args.seed)
             runs = []

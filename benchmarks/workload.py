@@ -8,7 +8,6 @@ shuffled), so every run has the same tail ratios.
 from __future__ import annotations
 
 import math
-import platform
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,12 +147,3 @@ def build_bench_model(folder: Path, seed: int = 0, arch: str = "mixtral"):
     return model
 
 
-def cpu_model() -> str:
-    """This machine's CPU, as a benchmark report names it (``/proc/cpuinfo``'s model name)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()

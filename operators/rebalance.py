@@ -5,8 +5,9 @@ NOTE: how one actor takes part.
     and registers as a member (``start_coordinator``): the pool shares work over the stage's
     actors from the first lease on, not over whoever happened to ask first. Once its engine is
     built, the client calibrates the engine's step model (``migration/calibration.py``: a few
-    dummy decode steps at 1 and at a full running set, ~0.2 s on the demo model) and tells the
-    pool the actor is ready.
+    dummy decode steps at 2 and at a full running set, ~0.2 s on the demo model, once per
+    machine, model and settings: later engines read it from disk, ``calibration_cache.py``) and
+    tells the pool the actor is ready.
   * As an owner, ``run_batch`` submits the batch's valid rows to the coordinator and awaits their
     results; it then emits the rows itself (exactly once, in order).
   * As a worker, a background loop leases pool items for the running slots its engine has free
@@ -74,13 +75,14 @@ from batchgen_data.distributed.coordinator import (
     get_or_create_coordinator,
 )
 from batchgen_data.engine.core.progress import SeqProgress
-from batchgen_data.engine.migration.calibration import calibrate_engine
+from batchgen_data.engine.migration.calibration_cache import load_or_calibrate
 from batchgen_data.engine.migration.costs import MigrationCosts
 from batchgen_data.engine.migration.planner import Move, WorkerProgress
 from batchgen_data.engine.async_engine import AsyncEngine, MigratedOut
 from batchgen_data.engine.migration.engine_probe import EngineProbe
 from batchgen_data.engine.sampling_params import SamplingParams
 from batchgen_data.errors import EngineDeadError
+from batchgen_data.paths import cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +110,7 @@ class RebalanceStats:
     migrated_out_bytes: int = 0  # KV shipped with the sequences it gave back
     migrate_out_s: float = 0.0  # seconds its engine spent exporting them
     calibration_s: float = 0.0  # seconds the step model's calibration took at start
+    calibration_cached: bool = False  # ... read from an earlier engine's on this machine
     calibrated_base_s: float = 0.0  # its line: step seconds at n running = base + per_seq * n
     calibrated_per_seq_s: float = 0.0
     ready_wall: float = 0.0  # wall clock when its engine was built and calibrated (start-up, for benchmarks)
@@ -222,9 +225,11 @@ class RebalanceClient:
         self.stats.ready_wall = time.time()
 
     def _calibrate(self) -> None:
-        """The engine's step model from a few timed decode steps (before its thread starts)."""
-        calibration = calibrate_engine(self.engine.engine)
+        """The engine's step model from a few timed decode steps (before its thread starts), or
+        from an earlier engine's on this machine with the same model and settings."""
+        calibration = load_or_calibrate(self.engine.engine, cache_dir() / "step-models")
         self.stats.calibration_s = calibration.seconds
+        self.stats.calibration_cached = calibration.cached
         if calibration.model is not None:
             self.probe.calibrate(calibration.model)
             self.stats.calibrated_base_s = calibration.model.base_s

@@ -30,6 +30,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from batchgen_data.hardware import cpu_model
+
 logger = logging.getLogger(__name__)
 
 Shape = tuple[int, int]  # (N out features, K in features) of a weight
@@ -130,7 +132,7 @@ def _num_streamed(ws: list[torch.Tensor]) -> int:
 
 
 def plan_cache_key(weights: dict[Shape, list[torch.Tensor]], max_rows: dict[Shape, int]) -> str:
-    parts = [platform.machine(), platform.processor(), _cpu_model(), torch.__version__, str(torch.get_num_threads()),
+    parts = [platform.machine(), platform.processor(), cpu_model(), torch.__version__, str(torch.get_num_threads()),
              sorted((s, len(ws), str(ws[0].dtype), bucket_of(max_rows[s])) for s, ws in weights.items())]
     return hashlib.sha1(repr(parts).encode()).hexdigest()[:16]
 
@@ -156,13 +158,3 @@ def load_or_tune(weights: dict[Shape, list[torch.Tensor]], max_rows: dict[Shape,
         except OSError as err:
             logger.warning("could not cache the GEMM plan at %s: %s", path, err)
     return plan
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""

@@ -43,7 +43,7 @@ def _clock(step_s: float = 0.01):
 def test_calibration_recovers_the_line_through_cold_steps_and_a_drifting_load():
     steps = _ScriptedSteps(drift_per_step=0.02)  # every step 2% slower than the one before
     model = calibrate(steps, calibration_sizes(256))
-    assert steps.calls == [1, 1, 1, 16, 16, 16, 1, 1, 1]  # up, then down: the drift cancels
+    assert steps.calls == [2, 2, 2, 16, 16, 16, 2, 2, 2]  # up, then down: the drift cancels
     # The line's shape (slope against base) is the engine's: the drift only moves its level,
     # which the job's own steps set anyway (``StepSums.fit``).
     assert model.is_slope_known and model.per_seq_s / model.base_s == pytest.approx(0.0015 / 0.012)
@@ -57,7 +57,7 @@ def test_calibration_stops_at_its_budget_and_needs_two_sizes():
     assert calibrate(_ScriptedSteps(), [1, 16], max_s=0.035, clock=_clock()) is None  # one size: no slope
     assert calibrate(lambda n: None, [1, 16]) is None  # no step could be timed
     assert calibrate(lambda n: 0.02, [1, 8]) == StepModel(pytest.approx(0.02), 0.0)  # measured flat: an accelerator
-    assert calibration_sizes(8) == [1, 8] and calibration_sizes(1) == [1]
+    assert calibration_sizes(8) == [2, 8] and calibration_sizes(3) == [1, 3] and calibration_sizes(1) == [1]
     assert fit_line({4: 0.01}) is None
 
 

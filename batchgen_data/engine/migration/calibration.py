@@ -106,8 +106,9 @@ class DecodeStepTimer:
 @dataclass(frozen=True, slots=True)
 class Calibration:
     model: StepModel | None  # None: fewer than two sizes could be timed
-    seconds: float  # what calibrating took, wall time
+    seconds: float  # what calibrating took (reading it, when cached), wall time
     sizes: tuple[int, ...]
+    cached: bool = False  # read from disk (``calibration_cache.py``), not timed now
 
 
 def calibrate_engine(engine: Engine, max_s: float = CALIBRATION_MAX_S) -> Calibration:
@@ -121,8 +122,8 @@ def calibrate_engine(engine: Engine, max_s: float = CALIBRATION_MAX_S) -> Calibr
     Example:
         >>> from batchgen_data import Engine
         >>> calibration = calibrate_engine(Engine("demo"))
-        >>> calibration.sizes  # timed at 1 sequence and at 16, the line through them in .model
-        (1, 16)
+        >>> calibration.sizes  # timed at 2 sequences and at 16, the line through them in .model
+        (2, 16)
     """
     started = time.perf_counter()
     sizes = tuple(calibration_sizes(engine.max_running_seqs))

@@ -2,8 +2,8 @@
 
 ``step_s(n) = base_s + per_seq_s * n``, from two sources:
 
-* **Calibration** (``calibrate``): at engine start, a few decode steps at one sequence and at a
-  full running set (up to ``CALIBRATION_MAX_SEQS``), timed back to back, in the order 1, full, 1
+* **Calibration** (``calibrate``): at engine start, a few decode steps at two sequences and at a
+  full running set (up to ``CALIBRATION_MAX_SEQS``), timed back to back, in the order 2, full, 2
   so that a load that drifts during the calibration cancels out of the slope; the line through
   them. This is what shows the slope: a job's own steps run the sizes it happens to run, at
   different moments, under different loads (another engine on the same cores starting or
@@ -44,7 +44,7 @@ _DECODE_TOKENS_PER_SEQ = 2
 # An engine's first decode steps run cold (caches, allocator, first shapes): not observed.
 _WARM_UP_STEPS = 8
 # Calibration: the largest running set timed (larger ones are extrapolated along the line; on the
-# demo model a step at 16 sequences takes ~34 ms on one CPU core, at 1 ~12 ms), the steps timed
+# demo model a step at 16 sequences takes ~19 ms on one AMD EPYC core, at 2 ~9 ms), the steps timed
 # per visit of a size (the fastest counts: a size's first step runs cold, and contention only
 # ever slows a step), and the default time budget (no step starts past it).
 CALIBRATION_MAX_SEQS = 16
@@ -134,13 +134,20 @@ class StepSums:
 
 
 def calibration_sizes(max_running_seqs: int, max_seqs: int = CALIBRATION_MAX_SEQS) -> list[int]:
-    """The running-set sizes ``calibrate`` times: 1 and ``min(max_running_seqs, max_seqs)``.
+    """The running-set sizes ``calibrate`` times: 2 and ``min(max_running_seqs, max_seqs)`` (1
+    and the cap for a cap of 2 or 3; 1 alone for a cap of 1).
+
+    Not 1 where a cap allows more: one sequence makes every matmul a matrix-vector product, which
+    runs on its own kernels and does not lie on the line through the larger sizes (on a 2-core
+    AMD EPYC with 2 threads, the demo model's step took 13.7 ms at 1 sequence, 7.5 ms at 2 and
+    12 ms at 16: a line through 1 and 16 came out flat).
 
     Example:
-        >>> calibration_sizes(256), calibration_sizes(8), calibration_sizes(1)
-        ([1, 16], [1, 8], [1])
+        >>> calibration_sizes(256), calibration_sizes(8), calibration_sizes(3), calibration_sizes(1)
+        ([2, 16], [2, 8], [1, 3], [1])
     """
-    return sorted({1, max(1, min(max_running_seqs, max_seqs))})
+    high = max(1, min(max_running_seqs, max_seqs))
+    return sorted({2 if high >= 4 else 1, high})
 
 
 def calibrate(time_step: Callable[[int], float | None], sizes: Sequence[int],
@@ -148,7 +155,7 @@ def calibrate(time_step: Callable[[int], float | None], sizes: Sequence[int],
               clock: Callable[[], float] = time.perf_counter) -> StepModel | None:
     """The step model of one engine, from decode steps timed at a few running-set sizes.
 
-    The sizes are visited in increasing order and then decreasing again (``[1, 16, 1]``),
+    The sizes are visited in increasing order and then decreasing again (``[2, 16, 2]``),
     ``steps_per_visit`` steps per visit of which the fastest counts; a size's time is the mean
     over its visits, so a load that drifts during the calibration slows both ends of the line
     alike instead of tilting it. The result is the least-squares line through them
