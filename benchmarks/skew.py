@@ -183,7 +183,7 @@ def warm_up(ray, scenarios: list[Scenario]) -> None:
     rows = make_rows(Scenario("warm-up", 4 * actors, 4, 0, "front", 4, 4, None, actors), 0)
     for max_num_seqs in sorted({s.max_num_seqs or _DEFAULT_MAX_NUM_SEQS for s in scenarios}):
         engine_config = {"max_num_seqs": max_num_seqs}
-        ray.data.from_items(rows).repartition(actors).map_batches(
+        ray.data.from_items(rows, override_num_blocks=actors).map_batches(
             BatchGenOperator, fn_constructor_kwargs={"model": "demo", "engine_config": engine_config,
                                                      "rebalance": True},
             batch_size=4, compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=0.5,
@@ -195,7 +195,9 @@ def run_case(ray, scenario: Scenario, rows: list[dict], rebalance: bool, stats_d
     shutil.rmtree(stats_dir, ignore_errors=True)
     stats_dir.mkdir(parents=True)
     engine_config = {} if scenario.max_num_seqs is None else {"max_num_seqs": scenario.max_num_seqs}
-    ds = ray.data.from_items(rows).repartition(math.ceil(scenario.rows / scenario.block_size))
+    # Blocks made in the driver: a repartition would need a whole CPU for its tasks, which three
+    # half-CPU actors on 2 CPUs leave no room for (the job then hangs with no error).
+    ds = ray.data.from_items(rows, override_num_blocks=math.ceil(scenario.rows / scenario.block_size))
     start = time.time()
     out = ds.map_batches(
         BatchGenOperator,
