@@ -277,8 +277,10 @@ class Processor:
             options["runtime_env"] = self.config.runtime_env
         if self.config.accelerator_type is not None:
             options.update(accelerator_type=self.config.accelerator_type, num_gpus=1)
+        operator_kwargs = self.config.operator_kwargs(self.chat_template_kwargs)
+        BatchGenOperator.start_work_pool(**operator_kwargs)  # its process starts before the actors load
         dataset = dataset.map_batches(BatchGenOperator,
-                                      fn_constructor_kwargs=self.config.operator_kwargs(self.chat_template_kwargs),
+                                      fn_constructor_kwargs=operator_kwargs,
                                       # Arrow batches: every output column keeps its Arrow type (logprobs too)
                                       batch_size=self.config.batch_size, batch_format="pyarrow",
                                       compute=pool, **options)

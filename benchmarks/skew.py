@@ -14,7 +14,9 @@ grid (``grid``) is a few fixed anchors (the issue's workloads and the earlier si
 benchmark) plus scenarios drawn with ``--seed``. Each scenario runs as ``--pairs`` off/on pairs
 (no rebalancing, rebalancing), the order alternating pair by pair, all in one Ray cluster after an
 untimed warm-up; the coordinator is killed after every run, so each rebalanced run starts its own
-as a job would.
+as a job would: from the driver as the job starts (``--pool-from driver``, the default:
+``BatchGenOperator.start_work_pool``, as ``build_processor`` and the CLI do; inside the timed
+wall), or from the first actor to start (``--pool-from actors``: a plain ``map_batches``).
 
 Per scenario it reports the median and min over pairs of the wall ratio (off / on, the whole
 ``map_batches`` job with actor start-up) and of the span ratio (first to last engine step over
@@ -191,18 +193,21 @@ def warm_up(ray, scenarios: list[Scenario]) -> None:
         _kill_coordinators(ray)
 
 
-def run_case(ray, scenario: Scenario, rows: list[dict], rebalance: bool, stats_dir: Path) -> dict:
+def run_case(ray, scenario: Scenario, rows: list[dict], rebalance: bool, stats_dir: Path,
+             pool_from: str = "driver") -> dict:
     shutil.rmtree(stats_dir, ignore_errors=True)
     stats_dir.mkdir(parents=True)
     engine_config = {} if scenario.max_num_seqs is None else {"max_num_seqs": scenario.max_num_seqs}
     # Blocks made in the driver: a repartition would need a whole CPU for its tasks, which three
     # half-CPU actors on 2 CPUs leave no room for (the job then hangs with no error).
     ds = ray.data.from_items(rows, override_num_blocks=math.ceil(scenario.rows / scenario.block_size))
+    kwargs = {"model": "demo", "engine_config": engine_config, "rebalance": rebalance, "stats_dir": str(stats_dir)}
     start = time.time()
+    if rebalance and pool_from == "driver":  # as build_processor and the CLI do (timed: part of the job)
+        BatchGenOperator.start_work_pool(**kwargs)
     out = ds.map_batches(
         BatchGenOperator,
-        fn_constructor_kwargs={"model": "demo", "engine_config": engine_config, "rebalance": rebalance,
-                               "stats_dir": str(stats_dir)},
+        fn_constructor_kwargs=kwargs,
         batch_size=scenario.block_size,
         compute=ray.data.ActorPoolStrategy(size=scenario.actors, max_concurrent_calls_per_actor=_CONCURRENCY,
                                            max_tasks_in_flight_per_actor=_CONCURRENCY),
@@ -325,6 +330,10 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--pairs", type=int, default=5, help="off/on pairs per scenario")
     parser.add_argument("--only", default="", help="comma-separated scenario names to run (default: all)")
     parser.add_argument("--list", action="store_true", help="print the scenarios and exit")
+    parser.add_argument("--pool-from", choices=("driver", "actors"), default="driver",
+                        help="who starts the rebalanced runs' work pool: the driver, before the job runs "
+                             "(BatchGenOperator.start_work_pool, as build_processor and the CLI do), or the "
+                             "first actor to start (a plain map_batches)")
     parser.add_argument("--out", type=Path, default=Path("runs/skew"))
     args = parser.parse_args(argv)
     scenarios = list(QUICK) if args.quick else grid(args.seed, args.drawn)
@@ -357,7 +366,7 @@ def main(argv=None) -> list[dict]:
                 for rebalance in ((False, True) if k % 2 == 0 else (True, False)):
                     side = "on" if rebalance else "off"
                     stats_dir = args.out / "actor-stats" / f"{scenario.name}-pair{k}-{side}"
-                    pair[side] = run_case(ray, scenario, rows, rebalance, stats_dir)
+                    pair[side] = run_case(ray, scenario, rows, rebalance, stats_dir, args.pool_from)
                 off, on = pair["off"], pair["on"]
                 print(f"{scenario.name} pair {k}: off {off['wall_s']:.1f} s (span {off['span_s']:.1f}), "
                       f"on {on['wall_s']:.1f} s (span {on['span_s']:.1f})", flush=True)

@@ -93,7 +93,7 @@ class BatchGenOperator:
         rebalance = rebalance and self.config.task_type == "generate"
         coordinator = None
         if rebalance:  # the coordinator's process starts while this actor loads the model
-            from batchgen_data.operators.rebalance import start_coordinator
+            from batchgen_data.operators.pool_membership import start_coordinator
 
             coordinator = start_coordinator(repr(self.config), lease_timeout_s)
         self.engine = AsyncEngine(Engine(model, self.config.engine_config))
@@ -110,6 +110,37 @@ class BatchGenOperator:
         self._peak_rows_in_flight = 0
         self._num_calls = 0
         self._warned = False
+
+    @classmethod
+    def start_work_pool(cls, rebalance: bool | None = None, lease_timeout_s: float = 15.0,
+                        stats_dir: str | None = None, **fn_constructor_kwargs) -> bool:
+        """Start the work pool of the stage these ``fn_constructor_kwargs`` make, from the driver,
+        before the dataset runs: optional. Each actor otherwise creates it as it starts, and on a
+        small machine the pool's process then starts while the actors load their models (~0.35 s
+        of CPU, ~0.3-0.4 s later first steps on 2 cores). ``build_processor``'s processors and
+        the CLI's ``--workers`` call it. Returns whether a pool was started (rebalancing on, a
+        generation stage, Ray initialised); never raises: the actors create it otherwise.
+
+        Example:
+            >>> kwargs = {"model": "demo", "max_tokens": 64}
+            >>> BatchGenOperator.start_work_pool(**kwargs)  # doctest: +SKIP
+            True
+            >>> ds.map_batches(BatchGenOperator, fn_constructor_kwargs=kwargs, ...)  # doctest: +SKIP
+        """
+        import ray
+
+        if rebalance is False or not ray.is_initialized():
+            return False
+        try:
+            config = StageConfig(**fn_constructor_kwargs)
+            if config.task_type != "generate":
+                return False
+            from batchgen_data.operators.pool_membership import start_work_pool
+
+            return start_work_pool(repr(config), lease_timeout_s)
+        except Exception as err:  # the actors create it as they start
+            logger.warning("could not start the stage's work pool ahead of its actors: %s", err)
+            return False
 
     async def __call__(self, batch):
         prepared = prepare_batch(batch, self.config)

@@ -61,19 +61,14 @@ import time
 import uuid
 from collections import deque
 from itertools import islice
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict
 
 from batchgen_data.operators.restart import exit_for_restart
 from batchgen_data.operators.columns import RowResult
 
-from batchgen_data.distributed.coordinator import (
-    NAMESPACE,
-    LeasedItem,
-    LeaseReply,
-    coordinator_name,
-    get_or_create_coordinator,
-)
+from batchgen_data.distributed.coordinator import NAMESPACE, LeasedItem, LeaseReply, get_or_create_coordinator
+from batchgen_data.operators.pool_membership import PoolMembership, new_worker_id, stage_coordinator_name
+from batchgen_data.operators.rebalance_stats import RebalanceStats
 from batchgen_data.engine.core.progress import SeqProgress
 from batchgen_data.engine.migration.calibration_cache import load_or_calibrate
 from batchgen_data.engine.migration.costs import MigrationCosts
@@ -94,41 +89,6 @@ _MAX_INCOMING = 4096
 _MAX_HOLD_S = 5.0
 
 
-@dataclass(slots=True)
-class RebalanceStats:
-    num_leased: int = 0
-    num_run_for_others: int = 0
-    num_fallback_batches: int = 0
-    num_given_back: int = 0  # running sequences this actor handed to others at the tail
-    num_continued: int = 0  # sequences started elsewhere that this actor finished
-    num_recomputed_tokens: int = 0  # KV rebuilt from tokens in this actor's engine
-    idle_s: float = 0.0
-    busy_s: float = 0.0
-    num_pool_calls: int = 0  # lease calls to the coordinator
-    pool_call_s: float = 0.0  # seconds this actor's loop spent in them, held ones included
-    pool_held_s: float = 0.0  # of which the coordinator held them open, waiting for work
-    migrated_out_bytes: int = 0  # KV shipped with the sequences it gave back
-    migrate_out_s: float = 0.0  # seconds its engine spent exporting them
-    calibration_s: float = 0.0  # seconds the step model's calibration took at start
-    calibration_cached: bool = False  # ... read from an earlier engine's on this machine
-    calibrated_base_s: float = 0.0  # its line: step seconds at n running = base + per_seq * n
-    calibrated_per_seq_s: float = 0.0
-    ready_wall: float = 0.0  # wall clock when its engine was built and calibrated (start-up, for benchmarks)
-    first_call_wall: float = 0.0  # ... when its first batch call came
-    first_items_wall: float = 0.0  # ... when its first lease brought items
-    events: list = field(default_factory=list)  # (wall time, what, seconds, count, bytes) of each move
-
-
-@dataclass(frozen=True, slots=True)
-class PoolMembership:
-    """What ``start_coordinator`` gives the actor: the stage's coordinator (a Ray actor handle)
-    and this actor's worker id, registered with it."""
-
-    coordinator: Any
-    worker_id: str
-    started: float  # ``time.monotonic()`` when the actor started (registered)
-
-
 def _kv_bytes(state) -> int:
     kv = getattr(state, "kv", None)
     return 0 if kv is None else kv.numel() * kv.element_size()
@@ -139,42 +99,6 @@ def _pack(state) -> bytes:
     it never unpickles a KV tensor (which would import torch in its process, ~1.5 s of CPU in
     the middle of the job, at the first move)."""
     return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def _ray_ids() -> tuple[str, str | None]:
-    """This process's Ray job id and actor id; ("local", None) without Ray (a test driving a
-    client over an in-process coordinator)."""
-    import ray
-
-    if not ray.is_initialized():
-        return "local", None
-    context = ray.get_runtime_context()
-    return context.get_job_id(), context.get_actor_id()
-
-
-def _stage_coordinator_name(stage_key: str) -> str:
-    return coordinator_name(_ray_ids()[0], stage_key)
-
-
-def _new_worker_id() -> str:
-    return f"{_ray_ids()[1] or 'driver'}-{uuid.uuid4().hex[:6]}"
-
-
-def start_coordinator(stage_key: str, lease_timeout_s: float) -> PoolMembership | None:
-    """Create or find the stage's coordinator and register this actor with it, without waiting:
-    call it as the actor starts, before it loads its model, so the coordinator's process starts
-    while the actors load theirs and counts every actor from the stage's first lease on. None if
-    Ray refuses (the client then retries at first use, and falls back to local runs if that
-    fails too)."""
-    started = time.monotonic()
-    try:
-        worker_id = _new_worker_id()
-        coordinator = get_or_create_coordinator(_stage_coordinator_name(stage_key), lease_timeout_s)
-        coordinator.register.remote(worker_id)
-        return PoolMembership(coordinator, worker_id, started)
-    except Exception as err:
-        logger.warning("could not start the work pool coordinator yet: %s", err)
-        return None
 
 
 class RebalanceClient:
@@ -194,7 +118,7 @@ class RebalanceClient:
     def __init__(self, engine: AsyncEngine, stage_key: str, lease_timeout_s: float, coordinator=None,
                  calibrate: bool = True):
         self.engine = engine
-        self.name = _stage_coordinator_name(stage_key)
+        self.name = stage_coordinator_name(stage_key)
         self.lease_timeout_s = lease_timeout_s
         self.stats = RebalanceStats()
         started = None  # when the actor started, if known: the pool learns how long actors take to load
@@ -202,7 +126,7 @@ class RebalanceClient:
             self.worker_id, self._coordinator = coordinator.worker_id, coordinator.coordinator
             started = coordinator.started
         else:
-            self.worker_id, self._coordinator = _new_worker_id(), coordinator  # None: at first use
+            self.worker_id, self._coordinator = new_worker_id(), coordinator  # None: at first use
         self._loop_task: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
         self._coordinator_ok = True

@@ -175,9 +175,11 @@ def _run_ray(spec, stage, tables, pending: list[Part], progress, summary) -> Non
             # actors starve them and the pipeline hangs without an error.
             total = ray.cluster_resources().get("CPU", 1)
             cpus = max(0.25, min(1.0, (total - 1) / spec.workers))
+        operator_kwargs = _operator_kwargs(stage)
+        BatchGenOperator.start_work_pool(**operator_kwargs)  # its process starts before the actors load
         ds = ray.data.from_arrow(blocks).map_batches(
             BatchGenOperator,
-            fn_constructor_kwargs=_operator_kwargs(stage),
+            fn_constructor_kwargs=operator_kwargs,
             batch_size=spec.batch_size,
             batch_format="pyarrow",
             compute=ray.data.ActorPoolStrategy(size=spec.workers, max_concurrent_calls_per_actor=spec.max_concurrent_batches),

@@ -202,3 +202,29 @@ def test_a_cancelled_call_leaves_nothing_in_the_pool(ray_cluster, demo_path):
     asyncio.run(job())
     assert not (pool.batches or pool.items or pool.results or pool.pending)
     assert pool.counters.num_batches_dropped == 1
+
+
+def test_the_driver_starts_the_stage_pool_before_its_actors_and_they_join_it(ray_cluster, demo_path):
+    """``BatchGenOperator.start_work_pool`` (which ``build_processor`` and the CLI call) creates
+    the coordinator the stage's actors then find by name: both register with it and its pool
+    runs every row."""
+    from batchgen_data.distributed.coordinator import NAMESPACE
+    from batchgen_data.operators.pool_membership import stage_coordinator_name
+    from batchgen_data.operators.rows import StageConfig
+
+    kwargs = {"model": str(demo_path), "engine_config": ENGINE_CONFIG, "max_tokens": 4, "ignore_eos": True}
+    assert not BatchGenOperator.start_work_pool(rebalance=False, **kwargs)
+    assert not BatchGenOperator.start_work_pool(**{**kwargs, "task_type": "embed"})
+    assert BatchGenOperator.start_work_pool(lease_timeout_s=15.0, **kwargs)
+    coordinator = ray.get_actor(stage_coordinator_name(repr(StageConfig(**kwargs))), namespace=NAMESPACE)
+    try:
+        rows = [{"id": i, "prompt": f"Row {i}"} for i in range(8)]
+        out = ray.data.from_items(rows, override_num_blocks=2).map_batches(
+            BatchGenOperator, fn_constructor_kwargs={**kwargs, "rebalance": True}, batch_size=4,
+            compute=ray.data.ActorPoolStrategy(size=2, max_concurrent_calls_per_actor=1), num_cpus=0.5,
+        ).take_all()
+        assert sorted(r["id"] for r in out) == list(range(8))
+        counters = ray.get(coordinator.counters.remote())
+        assert counters["num_submitted"] == 8 and counters["num_members_at_first_lease"] == 2
+    finally:
+        ray.kill(coordinator)
