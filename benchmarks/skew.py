@@ -21,12 +21,14 @@ wall), or from the first actor to start (``--pool-from actors``: a plain ``map_b
 Per scenario it reports the median and min over pairs of the wall ratio (off / on, the whole
 ``map_batches`` job with actor start-up) and of the span ratio (first to last engine step over
 all actors: start-up noise left out), the rebalanced span against the best possible (the work
-divided evenly: ``ideal_steps`` at the run's median step time), and where the time went per actor
-in the worst pair. Classes and targets (``TARGETS``): ``in-set`` (the long rows fit one running
+divided evenly: ``ideal_steps`` at the run's median step time), the wall ratio that even division
+would have given in the same pair (the rebalanced wall with its span replaced by the ideal one:
+the ceiling start-up leaves), and where the time went per actor in the worst pair. Classes and targets (``TARGETS``): ``in-set`` (the long rows fit one running
 set) and ``shuffled`` must not lose (median >= 0.98, every pair >= 0.95); ``queued`` (the long rows
 of one block queue behind one actor's running set) must gain (median >= 1.4, every pair >= 1.25,
 span within 10% of the ideal); ``mixed`` is reported without a target. Writes ``skew.json`` and
-``skew.md`` (the table, with the command and the CPU) under ``--out``.
+``skew.md`` (the table, with the command and the CPU) under ``--out``; ``--from-json FILE`` renders
+them again from a ``skew.json`` without running anything.
 """
 
 from __future__ import annotations
@@ -265,7 +267,12 @@ def summarize(scenario: Scenario, pairs: list[dict]) -> dict:
     wall = [p["off"]["wall_s"] / p["on"]["wall_s"] for p in pairs]
     span = [p["off"]["span_s"] / p["on"]["span_s"] for p in pairs]
     ideal = [p["on"]["span_s"] / (scenario.ideal_steps() * p["on"]["median_step_s"]) for p in pairs]
+    # The wall ratio an even split would have given in the same pair: the rebalanced run's wall
+    # with its span replaced by the ideal one (start-up, which no split shortens, kept).
+    even = [p["off"]["wall_s"] / (p["on"]["wall_s"] - p["on"]["span_s"] + scenario.ideal_steps() * p["on"]["median_step_s"])
+            for p in pairs]
     summary = {"kind": scenario.kind, "wall": wall, "span": span, "on_span_over_ideal": ideal,
+               "wall_at_even_split": even, "wall_at_even_split_median": statistics.median(even),
                "wall_median": statistics.median(wall), "wall_min": min(wall),
                "span_median": statistics.median(span), "span_min": min(span),
                "ideal_median": statistics.median(ideal), "worst_pair": wall.index(min(wall))}
@@ -281,19 +288,20 @@ def summarize(scenario: Scenario, pairs: list[dict]) -> dict:
     return summary
 
 
-def table(results: list[dict], command: str) -> str:
+def table(results: list[dict], command: str, cpu: str | None = None) -> str:
     """The grid's table (markdown), with the command and the machine."""
-    lines = [f"`{command}` on {cpu_model()} ({os.cpu_count()} CPUs), {time.strftime('%Y-%m-%d')}", "",
+    lines = [f"`{command}` on {cpu or cpu_model()} ({os.cpu_count()} CPUs), {time.strftime('%Y-%m-%d')}", "",
              "| scenario | class | rows / block | long (pos, tokens) | short | max_num_seqs | actors | pairs "
-             "| wall off/on median (min) | span off/on median (min) | on span / ideal | target |",
-             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| wall off/on median (min) | span off/on median (min) | on span / ideal | wall at even split | target |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in results:
         s, m = Scenario(**r["scenario"]), r["summary"]
         verdict = "-" if "met" not in m else ("met" if m["met"] else "MISSED")
         lines.append(f"| {s.name} | {m['kind']} | {s.rows} / {s.block_size} | {s.num_long} ({s.position}, "
                      f"{s.long_tokens}) | {s.short_tokens} | {s.max_num_seqs or 'default'} | {s.actors} "
                      f"| {len(r['pairs'])} | {m['wall_median']:.2f}x ({m['wall_min']:.2f}x) "
-                     f"| {m['span_median']:.2f}x ({m['span_min']:.2f}x) | {m['ideal_median']:.2f} | {verdict} |")
+                     f"| {m['span_median']:.2f}x ({m['span_min']:.2f}x) | {m['ideal_median']:.2f} "
+                     f"| {m['wall_at_even_split_median']:.2f}x | {verdict} |")
     return "\n".join(lines)
 
 
@@ -335,7 +343,10 @@ def main(argv=None) -> list[dict]:
                              "(BatchGenOperator.start_work_pool, as build_processor and the CLI do), or the "
                              "first actor to start (a plain map_batches)")
     parser.add_argument("--out", type=Path, default=Path("runs/skew"))
+    parser.add_argument("--from-json", type=Path, help="render the tables of an earlier run's skew.json; run nothing")
     args = parser.parse_args(argv)
+    if args.from_json is not None:
+        return render(json.loads(args.from_json.read_text()), args.out)
     scenarios = list(QUICK) if args.quick else grid(args.seed, args.drawn)
     pairs = 2 if args.quick else args.pairs
     if args.only:
@@ -378,12 +389,20 @@ def main(argv=None) -> list[dict]:
                                                              "results": results}, indent=1))
     finally:
         ray.shutdown()
-    report = table(results, command)
+    return render({"command": command, "cpu": cpu_model(), "results": results}, args.out)
+
+
+def render(run: dict, out: Path) -> list[dict]:
+    """Write ``skew.md`` (and ``skew.json``) under ``out`` for a run, its summaries computed again."""
+    results = [{**r, "summary": summarize(Scenario(**r["scenario"]), r["pairs"])} for r in run["results"]]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "skew.json").write_text(json.dumps({**run, "results": results}, indent=1))
+    report = table(results, run["command"], run.get("cpu"))
     details = [line for r in results for line in worst_pair_lines(r)]
-    (args.out / "skew.md").write_text(report + "\n\nWhere the time went in each scenario's worst pair:\n\n```\n"
-                                      + "\n".join(details) + "\n```\n")
+    (out / "skew.md").write_text(report + "\n\nWhere the time went in each scenario's worst pair:\n\n```\n"
+                                 + "\n".join(details) + "\n```\n")
     print("\n" + report)
-    print(f"\nwrote {args.out / 'skew.json'} and {args.out / 'skew.md'}")
+    print(f"\nwrote {out / 'skew.json'} and {out / 'skew.md'}")
     return results
 
 

@@ -25,6 +25,10 @@ from batchgen_data.errors import ConfigError
 
 GENERATED_JSON_COLUMN = "generated_json"
 _SCALARS = {"string": pa.string(), "integer": pa.int64(), "number": pa.float64(), "boolean": pa.bool_()}
+# The integers a typed column's grammar allows (``bound_to_column``): int64, less the 1,023
+# values at each end that llguidance cannot take as bounds (it reads them as float64, where
+# 2**63 - 1 rounds up to 2**63 and the range then fails to compile).
+INT64_GRAMMAR_MIN, INT64_GRAMMAR_MAX = -(2**63 - 1024), 2**63 - 1024
 
 
 def json_column_type(schema: dict) -> pa.DataType:
@@ -39,6 +43,32 @@ def json_column_type(schema: dict) -> pa.DataType:
     return _arrow_type(schema)
 
 
+def bound_to_column(schema: Any) -> Any:
+    """``schema`` with every value the typed column holds as int64 bounded to int64 (existing
+    bounds kept where tighter), so that the grammar only allows answers the column can hold: an
+    unbounded ``integer`` lets a model write 80 digits, a schema-valid answer whose column value
+    would be null. Other types need no bound (a string column holds any text; an overflowing
+    ``number`` is null, as any misfit).
+
+    Example:
+        >>> bound_to_column({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}})
+        {'type': 'object', 'properties': {'n': {'type': 'integer', 'minimum': 0, 'maximum': 9223372036854774784}}}
+    """
+    if not isinstance(schema, dict) or "enum" in schema or "const" in schema:
+        return schema
+    kind = _type_of(schema)
+    if kind == "integer":
+        lo, hi = schema.get("minimum"), schema.get("maximum")
+        lo = INT64_GRAMMAR_MIN if not isinstance(lo, (int, float)) else max(lo, INT64_GRAMMAR_MIN)
+        hi = INT64_GRAMMAR_MAX if not isinstance(hi, (int, float)) else min(hi, INT64_GRAMMAR_MAX)
+        return {**schema, "minimum": lo, "maximum": hi}
+    if kind == "array" and isinstance(schema.get("items"), dict):
+        return {**schema, "items": bound_to_column(schema["items"])}
+    if kind == "object" and isinstance(schema.get("properties"), dict):
+        return {**schema, "properties": {name: bound_to_column(sub) for name, sub in schema["properties"].items()}}
+    return schema
+
+
 def json_column_values(texts: list[str | None], finish_reasons: list[str | None], type_: pa.DataType) -> pa.Array:
     """The column for these rows: each ``"stop"`` row's text parsed and fitted to ``type_``."""
     values = []
@@ -47,7 +77,7 @@ def json_column_values(texts: list[str | None], finish_reasons: list[str | None]
         if reason == "stop" and text:
             try:
                 value = _fit(json.loads(text), type_)
-            except (json.JSONDecodeError, _Misfit):
+            except (json.JSONDecodeError, _Misfit, OverflowError, RecursionError):  # 400 digits for a float64, ...
                 value = None
         values.append(value)
     return pa.array(values, type=type_)

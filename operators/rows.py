@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import typing
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import asdict, dataclass, is_dataclass, replace
 from typing import Any
 
 from batchgen_data.config import EngineConfig
@@ -21,6 +21,7 @@ from batchgen_data.engine.sampling_params import SamplingParams, normalize_struc
 from batchgen_data.engine.structured.params import StructuredOutputsParams
 from batchgen_data.engine.tokenizer import ChatPrompt, check_messages
 from batchgen_data.operators.columns import RowResult
+from batchgen_data.operators.json_column import bound_to_column
 from batchgen_data.operators.surrogates import find_lone_surrogate
 from batchgen_data.errors import BatchGenError, ConfigError
 
@@ -72,8 +73,9 @@ class StageConfig:
             (``max_tokens`` 16, ``top_p`` 1.0, ...) except ``temperature``, 0 (greedy) here; see
             ``STAGE_SAMPLING_DEFAULTS``.
             A ``structured_outputs`` JSON schema for an object also adds the typed
-            ``generated_json`` column (see ``json_column.py``); a row's own
-            ``structured_outputs`` or ``guided_decoding`` replaces the default.
+            ``generated_json`` column (see ``json_column.py``), and its grammar then allows only
+            values the column holds (``json_column.bound_to_column``: integers within int64);
+            a row's own ``structured_outputs`` or ``guided_decoding`` replaces the default.
         chat_template (str | None, default None): a Jinja chat template replacing the
             tokenizer's, for ``messages`` rows.
         chat_template_kwargs (dict | None, default None): passed to the chat template of
@@ -154,6 +156,10 @@ class StageConfig:
             if found is not None:
                 raise ConfigError(f"{found.describe(name)}: text must be valid Unicode")
         self.default_params()  # validate defaults eagerly: a bad default is a config error
+        if self.structured_outputs is not None:
+            constraint = StructuredOutputsParams.from_value(self.structured_outputs)
+            if constraint.object_schema is not None:  # a typed generated_json column: its grammar allows what it holds
+                self.structured_outputs = replace(constraint, json=bound_to_column(constraint.object_schema))
         if self.task_type not in TASK_TYPES:
             raise ConfigError(f"task_type must be one of {list(TASK_TYPES)}, got {self.task_type!r}")
 
