@@ -18,6 +18,7 @@ FLOORS = {
     "errors": 0,
     "config": 0,
     "paths": 0,
+    "hardware": 0,  # the CPU's name, for cache keys and benchmark reports
     "model": 1,
     "engine": 2,
     "distributed": 3,
