@@ -13,7 +13,9 @@ shape's weights as a decode step does (a hot-cache microbenchmark of one weight 
 kernel that is slower in place); with many rows it is compute bound and one weight per shape
 suffices. The best of three passes counts, and each call's output is made row-major as its
 consumers need. The plan is cached per machine, torch version, thread count and shape set, so a
-process tunes once (~2-4 s for a 200 M-parameter model) and later ones load it.
+process tunes once (~2-4 s for a 200 M-parameter model) and later ones load it. A plan records
+how loaded the machine was while it was measured; one measured under load is measured again,
+and replaced, by the first process that finds the machine quiet (``load_or_tune``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import platform
 import time
 from collections.abc import Callable
@@ -59,6 +62,10 @@ NUM_BUCKETS = 11  # up to 1024+ rows; larger row counts use the last bucket's ch
 _MEMORY_BOUND_ROWS = 32  # up to here a pass streams weights of a shape, above it takes one
 _STREAM_BYTES = 64 * 2**20  # weights streamed per shape and pass: more than a CPU's L2 and L3 slice
 _MAX_MEASURED_ROWS = 1024
+# Load per CPU (1-minute average) above which a tuning counts as done under load, and at or
+# below which a process tunes such a plan again (``load_or_tune``).
+_LOADED = 0.75
+_QUIET = 0.6
 _PASSES = 3
 
 
@@ -72,21 +79,33 @@ def bucket_rows(bucket: int) -> int:
 
 @dataclass(slots=True)
 class GemmPlan:
-    """Kernel name per row bucket, for each weight shape it was tuned on."""
+    """Kernel name per row bucket, for each weight shape it was tuned on, and how loaded the
+    machine was then (``load_per_cpu``: the 1-minute load average over the CPU count; None when
+    not known, as in plans cached before it was recorded)."""
 
     choices: dict[Shape, list[str]] = field(default_factory=dict)
+    load_per_cpu: float | None = field(default=None, compare=False)
 
     def kernel_for(self, rows: int, n: int, k: int) -> str | None:
         names = self.choices.get((n, k))
         return names[min(bucket_of(rows), len(names) - 1)] if names else None
 
     def to_json(self) -> str:
-        return json.dumps({f"{n}x{k}": names for (n, k), names in self.choices.items()})
+        return json.dumps({"choices": {f"{n}x{k}": names for (n, k), names in self.choices.items()},
+                           "load_per_cpu": self.load_per_cpu})
 
     @classmethod
     def from_json(cls, text: str) -> GemmPlan:
         data = json.loads(text)
-        return cls({tuple(int(v) for v in key.split("x")): list(names) for key, names in data.items()})
+        choices, load = (data["choices"], data.get("load_per_cpu")) if "choices" in data else (data, None)
+        return cls({tuple(int(v) for v in key.split("x")): list(names) for key, names in choices.items()}, load)
+
+    def tuned_under_load(self) -> bool:
+        """Measured while other work held the CPUs (or when, unknown): a multi-threaded kernel
+        then loses more than a single-threaded one, and the choice can be wrong for a quiet
+        machine (a plan tuned during a test run picked a 1-row lm_head kernel 3x slower:
+        10.4 ms against oneDNN's 3.4 ms on the demo model, 2 threads, AMD EPYC)."""
+        return self.load_per_cpu is None or self.load_per_cpu > _LOADED
 
 
 Timer = Callable[[Kernel, torch.Tensor, list[torch.Tensor]], float]
@@ -137,17 +156,31 @@ def plan_cache_key(weights: dict[Shape, list[torch.Tensor]], max_rows: dict[Shap
     return hashlib.sha1(repr(parts).encode()).hexdigest()[:16]
 
 
+def load_per_cpu() -> float | None:
+    """The 1-minute load average over the CPU count; None where the OS does not say."""
+    try:
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    except (OSError, AttributeError):
+        return None
+
+
 def load_or_tune(weights: dict[Shape, list[torch.Tensor]], max_rows: dict[Shape, int],
                  cache_folder: Path | None) -> GemmPlan:
-    """The cached plan for this machine and model, else a freshly tuned one (then cached)."""
+    """The cached plan for this machine and model, else a freshly tuned one (then cached). A
+    cached plan tuned under load is tuned again, and replaced, once a process finds the machine
+    quiet (``GemmPlan.tuned_under_load``): a wrong choice does not stay cached for good."""
     path = None if cache_folder is None else cache_folder / f"{plan_cache_key(weights, max_rows)}.json"
+    load = load_per_cpu()
     if path is not None and path.is_file():
         try:
-            return GemmPlan.from_json(path.read_text())
-        except (ValueError, OSError) as err:
+            cached = GemmPlan.from_json(path.read_text())
+            if not (cached.tuned_under_load() and load is not None and load <= _QUIET):
+                return cached
+        except (ValueError, KeyError, AttributeError, OSError) as err:
             logger.warning("ignoring unreadable GEMM plan %s: %s", path, err)
     start = time.perf_counter()
     plan = tune(weights, max_rows)
+    plan.load_per_cpu = load
     logger.info("tuned CPU GEMM kernels for %d shapes in %.1f s", len(weights), time.perf_counter() - start)
     if path is not None:
         try:

@@ -49,6 +49,7 @@ def test_plan_picks_the_fastest_measured_kernel_per_shape_and_bucket():
 
 
 def test_a_cached_plan_is_loaded_without_measuring(tmp_path, monkeypatch):
+    monkeypatch.setattr(gemm_tuning, "load_per_cpu", lambda: 0.1)  # a quiet machine
     weights, max_rows = {(24, 8): [torch.randn(24, 8)]}, {(24, 8): 3}
     first = load_or_tune(weights, max_rows, tmp_path)
     assert len(list(tmp_path.glob("*.json"))) == 1
@@ -75,3 +76,24 @@ def test_linear_follows_the_plan_and_matches_f_linear(monkeypatch):
     assert calls == [3]  # 3 rows: bucket 1, measured fastest with weight_left
     torch.testing.assert_close(linear(x[:1], w), F.linear(x[:1], w), rtol=1e-5, atol=1e-5)
     assert calls == [3]  # 1 row: bucket 0, F.linear
+
+
+def test_a_plan_tuned_under_load_is_tuned_again_once_the_machine_is_quiet(tmp_path, monkeypatch):
+    weights, max_rows = {(24, 8): [torch.randn(24, 8)]}, {(24, 8): 3}
+    load = {"now": 2.0}  # per CPU: a test run holds every core
+    monkeypatch.setattr(gemm_tuning, "load_per_cpu", lambda: load["now"])
+    tunings = []
+    real_tune = gemm_tuning.tune
+    monkeypatch.setattr(gemm_tuning, "tune", lambda *a, **k: tunings.append(1) or real_tune(*a, **k))
+    first = load_or_tune(weights, max_rows, tmp_path)
+    assert first.tuned_under_load() and len(tunings) == 1
+    load["now"] = 1.5  # still loaded: the cached plan stands
+    assert load_or_tune(weights, max_rows, tmp_path).load_per_cpu == 2.0 and len(tunings) == 1
+    load["now"] = 0.2  # quiet: measured again, and the new plan replaces it
+    assert load_or_tune(weights, max_rows, tmp_path).load_per_cpu == 0.2 and len(tunings) == 2
+    assert not load_or_tune(weights, max_rows, tmp_path).tuned_under_load() and len(tunings) == 2
+    # A plan cached before the load was recorded (a bare shape map) counts as tuned under load.
+    [path] = tmp_path.glob("*.json")
+    path.write_text('{"24x8": ["linear", "linear"]}')
+    old = GemmPlan.from_json(path.read_text())
+    assert old.choices == {(24, 8): ["linear", "linear"]} and old.tuned_under_load()
