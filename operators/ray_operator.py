@@ -116,8 +116,9 @@ class BatchGenOperator:
                         stats_dir: str | None = None, **fn_constructor_kwargs) -> bool:
         """Start the work pool of the stage these ``fn_constructor_kwargs`` make, from the driver,
         before the dataset runs: optional. Each actor otherwise creates it as it starts, and on a
-        small machine the pool's process then starts while the actors load their models (~0.35 s
-        of CPU, ~0.3-0.4 s later first steps on 2 cores). ``build_processor``'s processors and
+        small machine the pool's process (~0.35 s of CPU) then starts among the actors' (Ray
+        starts as many processes at once as there are CPUs); started first, it delays them less
+        (``docs/benchmarks.md``, the skew grid). ``build_processor``'s processors and
         the CLI's ``--workers`` call it. Returns whether a pool was started (rebalancing on, a
         generation stage, Ray initialised); never raises: the actors create it otherwise.
 

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from batchgen_data.hardware import cpu_model
+from batchgen_data.paths import write_cache_file
 
 logger = logging.getLogger(__name__)
 
@@ -184,10 +185,7 @@ def load_or_tune(weights: dict[Shape, list[torch.Tensor]], max_rows: dict[Shape,
     logger.info("tuned CPU GEMM kernels for %d shapes in %.1f s", len(weights), time.perf_counter() - start)
     if path is not None:
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{time.time_ns()}.tmp")
-            tmp.write_text(plan.to_json())
-            tmp.replace(path)  # atomic: concurrent actors tuning at once do not corrupt it
+            write_cache_file(path, plan.to_json())  # actors tuning at once do not corrupt it
         except OSError as err:
             logger.warning("could not cache the GEMM plan at %s: %s", path, err)
     return plan

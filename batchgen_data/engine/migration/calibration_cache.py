@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from batchgen_data.engine.migration.calibration import Calibration, calibrate_engine
 from batchgen_data.engine.migration.step_model import StepModel, calibration_sizes
+from batchgen_data.paths import write_cache_file
 
 if TYPE_CHECKING:
     from batchgen_data.engine.engine import Engine
@@ -72,16 +73,10 @@ def load_or_calibrate(engine: Engine, folder: Path | None) -> Calibration:
             logger.warning("ignoring unreadable step-model calibration %s: %s", path, err)
     calibration = calibrate_engine(engine)
     if path is not None and calibration.model is not None:
-        _write(path, {"base_s": calibration.model.base_s, "per_seq_s": calibration.model.per_seq_s,
-                      "sizes": list(calibration.sizes), "seconds": calibration.seconds})
+        data = {"base_s": calibration.model.base_s, "per_seq_s": calibration.model.per_seq_s,
+                "sizes": list(calibration.sizes), "seconds": calibration.seconds}
+        try:
+            write_cache_file(path, json.dumps(data))  # actors calibrating at once do not corrupt it
+        except OSError as err:
+            logger.warning("could not cache the step-model calibration at %s: %s", path, err)
     return calibration
-
-
-def _write(path: Path, data: dict) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{time.time_ns()}.tmp")
-        tmp.write_text(json.dumps(data))
-        tmp.replace(path)  # atomic: actors calibrating at once do not corrupt it
-    except OSError as err:
-        logger.warning("could not cache the step-model calibration at %s: %s", path, err)
