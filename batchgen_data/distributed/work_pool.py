@@ -218,10 +218,14 @@ class WorkPool:
         prompt prefix the worker ran lately (its engine likely holds that prefix's KV: cache
         affinity), then the worker's own.
 
-        A worker holds at most its fair share of the outstanding work (pending plus leased, in
-        estimated tokens, over the stage's ``members``), so an owner does not hoard long rows
-        another actor would start now; and while some member has not leased yet, the longest
-        items go round-robin (``members.Spread``). A worker holding nothing always gets one item.
+        Its own items it takes up to ``max_items`` (its free running slots: they would start
+        nowhere sooner). Another owner's only where that owner has no room for them now
+        (``_reserved_for_owners``): work moves where it would queue, not where it would run
+        anyway. Of those, a worker holds at most its fair share of the outstanding work (pending
+        plus leased, in estimated tokens, over the stage's ``members``), so nobody hoards long
+        rows another actor would start now; and while some member has not leased yet, they go
+        round-robin, longest first (``members.Spread``). A worker holding nothing always gets
+        one item.
         ``progress`` (its engine's sequences, step times and move cost) is its load report for
         ``plan_give_back``.
         """
@@ -241,15 +245,17 @@ class WorkPool:
         # Longest first (by estimated tokens left), the worker's own items first among equals:
         # long rows start early and overlap with short ones instead of forming the job's tail
         # (longest-processing-time-first, the classic makespan rule for parallel machines).
-        leasable = [i for i in self.pending if not self._kept_from(self.items[i], worker, now)]
-        mine = self.prefixes.setdefault(worker, OrderedDict())
         cost = {i: self.cost(self.items[i]) for i in (*self.pending, *self.leases)}
+        reserved = self._reserved_for_owners(worker, cost, now)
+        leasable = [i for i in self.pending if not self._kept_from(self.items[i], worker, now) and i not in reserved]
+        mine = self.prefixes.setdefault(worker, OrderedDict())
         leasable.sort(key=lambda i: (-cost[i], self.items[i].prefix not in mine,
                                      self.items[i].owner != worker))
         held = sum(cost[i] for i, lease in self.leases.items() if lease.worker == worker)
         outstanding = sum(cost.values())
         quota = -(-outstanding // len(members)) - held
-        if quota <= 0 and held > 0 and not any(self.items[i].not_for is not None for i in leasable):
+        if quota <= 0 and held > 0 and not any(self.items[i].not_for is not None or self.items[i].owner == worker
+                                               for i in leasable):
             return taken  # over its share already; a worker holding nothing always gets one item
         spread = None
         if num_turns > 1:
@@ -261,10 +267,12 @@ class WorkPool:
         for item_id in leasable:
             if len(chosen) == max_items:
                 break
-            placed = self.items[item_id].not_for is not None  # given back: the move rule placed it
-            if not placed and chosen and quota < cost[item_id]:
+            # Given back (the move rule placed it), or its own (an owner starts its rows where it
+            # has room: they would run nowhere sooner): no share to keep.
+            free = self.items[item_id].not_for is not None or self.items[item_id].owner == worker
+            if not free and chosen and quota < cost[item_id]:
                 continue  # a shorter one further on may still fit the share
-            if not placed and spread is not None and not spread.allows(cost[item_id], len(chosen)):
+            if not free and spread is not None and not spread.allows(cost[item_id], len(chosen)):
                 continue  # another member's turn: a shorter one may still be this worker's
             chosen.append(item_id)
             quota -= cost[item_id]
@@ -285,6 +293,41 @@ class WorkPool:
             self.loads[worker].leased_since += taken
         self.counters.leased_by_worker[worker] = self.counters.leased_by_worker.get(worker, 0) + len(taken)
         return taken
+
+    def _reserved_for_owners(self, worker: str, cost: dict[str, float], now: float) -> set[str]:
+        """Other owners' pending items that their owners will start themselves now: for each alive
+        owner, its longest pending items up to the running slots it has free (``_room``).
+        ``worker`` takes another owner's items only beyond that (they would wait there): work
+        moves where it would otherwise queue, not where it would run anyway (moving it then only
+        spreads rows over more engines, each stepping fewer of them)."""
+        by_owner: dict[str, list[str]] = {}
+        for item_id in self.pending:
+            item = self.items[item_id]
+            if item.owner != worker and item.not_for is None:
+                by_owner.setdefault(item.owner, []).append(item_id)
+        reserved: set[str] = set()
+        for owner, ids in by_owner.items():
+            if not self.is_alive(owner, now):
+                continue
+            room = self._room(owner)
+            if room > 0:
+                ids.sort(key=lambda i: -cost[i])
+                reserved.update(ids[:room])
+        return reserved
+
+    def _room(self, owner: str) -> int:
+        """Running slots ``owner`` has free for its own items now: what its held lease call asks
+        for, else its last report's free slots less the items leased to it since; all of them
+        before its first lease (an engine that just submitted its first rows is empty)."""
+        held = self.holds(owner)
+        if held is not None:
+            return held
+        load = self.loads.get(owner)
+        if load is None:
+            return len(self.pending)
+        since = sum(1 for item in load.leased_since
+                    if (lease := self.leases.get(item.item_id)) is not None and lease.worker == owner)
+        return max(0, load.progress.free_slots - since)
 
     def plan_give_back(self, worker: str, now: float) -> list[Move]:
         """PARTITION at the tail: which of its sequences ``worker`` should give back.
