@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchgen_data.distributed.coordinator import coordinator_name, get_or_create_coordinator
+from batchgen_data.hardware import ComputeShare, usable_cpus
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +36,19 @@ def _ray_ids() -> tuple[str, str | None]:
         return "local", None
     context = ray.get_runtime_context()
     return context.get_job_id(), context.get_actor_id()
+
+
+def engine_compute(config) -> ComputeShare:
+    """What this actor's engine (``EngineConfig`` ``config``) uses of its machine: its node, the
+    threads its steps use on CPU (none on an accelerator of its own) and the CPUs this process may
+    run on; the pool hands waiting rows to an idle actor only where that adds compute
+    (``distributed/compute.py``)."""
+    import ray
+    import torch
+
+    node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else "local"
+    threads = torch.get_num_threads() if config.resolve_device().type == "cpu" else 0
+    return ComputeShare(node, threads, usable_cpus())
 
 
 def stage_coordinator_name(stage_key: str) -> str:

@@ -67,7 +67,7 @@ from batchgen_data.operators.restart import exit_for_restart
 from batchgen_data.operators.columns import RowResult
 
 from batchgen_data.distributed.coordinator import NAMESPACE, LeasedItem, LeaseReply, get_or_create_coordinator
-from batchgen_data.operators.pool_membership import PoolMembership, new_worker_id, stage_coordinator_name
+from batchgen_data.operators.pool_membership import PoolMembership, engine_compute, new_worker_id, stage_coordinator_name
 from batchgen_data.operators.rebalance_stats import RebalanceStats
 from batchgen_data.engine.core.progress import SeqProgress
 from batchgen_data.engine.migration.calibration_cache import load_or_calibrate
@@ -128,6 +128,7 @@ class RebalanceClient:
         else:
             self.worker_id, self._coordinator = new_worker_id(), coordinator  # None: at first use
         self._loop_task: asyncio.Task | None = None
+        self._compute = None  # ``engine_compute``, found at the first load report
         self._tasks: set[asyncio.Task] = set()
         self._coordinator_ok = True
         self._open_calls = 0
@@ -310,12 +311,14 @@ class RebalanceClient:
         progress = snapshot.progress
         num_incoming = min(len(self._submitted), max(0, self._num_submitted - progress.num_accepted))
         incoming = tuple(islice(reversed(self._submitted), num_incoming))[::-1]
+        if self._compute is None:
+            self._compute = engine_compute(self.engine.engine.config)
         return WorkerProgress(
             slots=self.engine.engine.max_running_seqs, seqs=progress.seqs + incoming, step=snapshot.step,
             move_s_per_token=snapshot.move_s_per_token, kv_s_per_token=self._kv_s_per_token,
             # A give-back and the receiver's lease (two round trips: the receiver's held call
             # returns the item at once), and the step the export waits for.
-            move_latency_s=2 * self._call_s + self._step_s_hint)
+            move_latency_s=2 * self._call_s + self._step_s_hint, compute=self._compute)
 
     def _step_s(self, progress: WorkerProgress) -> float:
         model = progress.step.fit()

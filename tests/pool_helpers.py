@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+from batchgen_data.config import EngineConfig
+
 
 class InProcessCoordinator:
     """``handle.method.remote(*args)`` runs ``coordinator.method(*args)`` as a task of the running
@@ -26,7 +28,8 @@ class StalledEngine:
 
     def __init__(self, max_running_seqs: int = 8):
         stats = SimpleNamespace(num_forward_tokens=0, kernel_s=0.0, num_recomputed_tokens=0)
-        self.engine = SimpleNamespace(max_running_seqs=max_running_seqs, kv_bytes_per_token=64, stats=lambda: stats)
+        self.engine = SimpleNamespace(max_running_seqs=max_running_seqs, kv_bytes_per_token=64, stats=lambda: stats,
+                                      config=EngineConfig(device="cpu"))
         self.num_unfinished = 0
         self.prompts: list = []
 

@@ -30,6 +30,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from batchgen_data.distributed.compute import joining
 from batchgen_data.distributed.members import Members, Spread
 from batchgen_data.distributed.work_item import WorkItem, prefix_key
 from batchgen_data.engine.core.progress import SeqProgress
@@ -230,15 +231,19 @@ class WorkPool:
         ``plan_give_back``.
         """
         self.expire(now)
-        members = self.members(now) | {worker}
-        num_turns = self.membership.num_turns(worker, members)
-        if not self.membership.last_seen:
-            self.counters.num_members_at_first_lease = len(members)
-        self.membership.saw_lease(worker, now)
         self.last_heard[worker] = now
         if progress is not None:
             self.loads[worker] = _Load(progress, now)
             self.num_reports += 1
+        members = self.members(now) | {worker}
+        if not self.membership.last_seen:
+            self.counters.num_members_at_first_lease = len(members)
+        # Only those that would add compute share the rows that queue (``compute.joining``).
+        busy, shares = self._busy(), self._shares(now)
+        members &= busy | joining([worker, *sorted(members - {worker})], shares, busy)
+        joins = worker in members
+        num_turns = self.membership.num_turns(worker, members | {worker})
+        self.membership.saw_lease(worker, now)
         taken: list[WorkItem] = []
         if max_items <= 0 or not self.pending:
             return taken
@@ -247,15 +252,15 @@ class WorkPool:
         # (longest-processing-time-first, the classic makespan rule for parallel machines).
         cost = {i: self.cost(self.items[i]) for i in (*self.pending, *self.leases)}
         reserved = self._reserved_for_owners(worker, cost, now)
-        leasable = [i for i in self.pending if not self._kept_from(self.items[i], worker, now) and i not in reserved]
+        leasable = [i for i in self.pending if not self._kept_from(self.items[i], worker, now) and i not in reserved
+                    and (joins or self._free_for(self.items[i], worker))]
         mine = self.prefixes.setdefault(worker, OrderedDict())
         leasable.sort(key=lambda i: (-cost[i], self.items[i].prefix not in mine,
                                      self.items[i].owner != worker))
         held = sum(cost[i] for i, lease in self.leases.items() if lease.worker == worker)
         outstanding = sum(cost.values())
-        quota = -(-outstanding // len(members)) - held
-        if quota <= 0 and held > 0 and not any(self.items[i].not_for is not None or self.items[i].owner == worker
-                                               for i in leasable):
+        quota = -(-outstanding // max(1, len(members))) - held
+        if quota <= 0 and held > 0 and not any(self._free_for(self.items[i], worker) for i in leasable):
             return taken  # over its share already; a worker holding nothing always gets one item
         spread = None
         if num_turns > 1:
@@ -269,7 +274,7 @@ class WorkPool:
                 break
             # Given back (the move rule placed it), or its own (an owner starts its rows where it
             # has room: they would run nowhere sooner): no share to keep.
-            free = self.items[item_id].not_for is not None or self.items[item_id].owner == worker
+            free = self._free_for(self.items[item_id], worker)
             if not free and chosen and quota < cost[item_id]:
                 continue  # a shorter one further on may still fit the share
             if not free and spread is not None and not spread.allows(cost[item_id], len(chosen)):
@@ -294,9 +299,25 @@ class WorkPool:
         self.counters.leased_by_worker[worker] = self.counters.leased_by_worker.get(worker, 0) + len(taken)
         return taken
 
+    @staticmethod
+    def _free_for(item: WorkItem, worker: str) -> bool:
+        """Taken without a share: its own (an owner starts its rows where it has room: they would
+        start nowhere sooner), or given back (the move rule placed it)."""
+        return item.owner == worker or item.not_for is not None
+
+    def _busy(self) -> set[str]:
+        """The workers holding leased items (their engines are stepping them)."""
+        return {lease.worker for lease in self.leases.values()}
+
+    def _shares(self, now: float) -> dict:
+        """The alive workers' ``ComputeShare`` as their last reports gave it."""
+        return {w: load.progress.compute for w, load in self.loads.items()
+                if load.progress.compute is not None and self.is_alive(w, now)}
+
     def _reserved_for_owners(self, worker: str, cost: dict[str, float], now: float) -> set[str]:
         """Other owners' pending items that their owners will start themselves now: for each alive
-        owner, its longest pending items up to the running slots it has free (``_room``).
+        owner, its longest pending items (those of a prompt prefix it ran lately first, as it would
+        lease them) up to the running slots it has free (``_room``).
         ``worker`` takes another owner's items only beyond that (they would wait there): work
         moves where it would otherwise queue, not where it would run anyway (moving it then only
         spreads rows over more engines, each stepping fewer of them)."""
@@ -311,7 +332,8 @@ class WorkPool:
                 continue
             room = self._room(owner)
             if room > 0:
-                ids.sort(key=lambda i: -cost[i])
+                cached = self.prefixes.get(owner, {})  # as ``lease`` would order them for it
+                ids.sort(key=lambda i: (-cost[i], self.items[i].prefix not in cached))
                 reserved.update(ids[:room])
         return reserved
 
@@ -350,8 +372,11 @@ class WorkPool:
             pooled = pooled.merged(load.progress.step)
         model = pooled.fit()
         reports = {w: self._report_now(w, load, now, model) for w, load in alive.items()}
-        receivers = [p for w, p in reports.items()
-                     if w != worker and p.free_slots > 0 and self.membership.takes_work(w, now)]
+        busy = self._busy() | {worker}
+        takers = sorted(w for w, p in reports.items()
+                        if w != worker and p.free_slots > 0 and self.membership.takes_work(w, now))
+        joined = joining(takers, self._shares(now), busy)  # an idle one only where it adds compute
+        receivers = [reports[w] for w in takers if w in busy or w in joined]
         if not receivers or not any(s.movable for s in reports[worker].seqs):
             return []
         plan = plan_moves(reports[worker], receivers, self.lengths, model)

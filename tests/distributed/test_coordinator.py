@@ -47,6 +47,9 @@ def test_a_held_lease_returns_when_an_item_arrives_and_otherwise_at_its_bound():
         held = asyncio.ensure_future(_timed(coordinator.lease("w", 4, None, 5.0)))
         await asyncio.sleep(0.2)
         assert not held.done()  # nothing pending: no reply, no polling
+        await coordinator.submit("running", "owner", _rows(8))  # the owner runs 8 rows of its own ...
+        assert len((await coordinator.lease("owner", 8, None)).items) == 8
+        await coordinator.lease("owner", 0, _report(running=8))  # ... its engine is full: new rows would wait
         await coordinator.submit("batch", "owner", _rows(2))
         reply, seconds = await held
         assert [i.item_id for i in reply.items] == ["batch/0", "batch/1"]
@@ -86,6 +89,9 @@ def test_a_full_engines_held_lease_returns_when_one_of_its_sequences_ends():
         await coordinator.submit("batch", "w", _rows(3))
         first, second, third = (await coordinator.lease("w", 3, None)).items
         assert (await coordinator.lease("w", 1, None)).num_outstanding == 3
+        await coordinator.submit("running", "owner", _rows(8))  # the owner runs 8 rows of its own:
+        owners = (await coordinator.lease("owner", 8, None)).items
+        await coordinator.lease("owner", 0, _report(running=8))  # full, its next row would wait there
         await coordinator.submit("more", "owner", _rows(1))  # pending, but w has no room for it
         held = asyncio.ensure_future(_timed(coordinator.lease("w", 0, None, 5.0, 4)))
         await asyncio.sleep(0.2)
@@ -94,6 +100,8 @@ def test_a_full_engines_held_lease_returns_when_one_of_its_sequences_ends():
         reply, seconds = await held
         assert reply.items == [] and seconds < 0.5
         assert [i.item_id for i in (await coordinator.lease("w", 1, None)).items] == ["more/0"]
+        for item in owners:
+            await coordinator.complete("owner", item.item_id, "r")
         # The stage empties: a held call of a worker that last saw work outstanding returns.
         held = asyncio.ensure_future(_timed(coordinator.lease("w", 4, None, 5.0, 3)))
         for item in (second, third):
@@ -125,6 +133,9 @@ def test_an_actor_with_room_and_nothing_to_take_does_not_poll():
         await asyncio.sleep(2.5)  # room for 7 more, nothing pending
         idle_calls = coordinator.num_lease_calls - calls_before
         assert idle_calls <= 4, idle_calls  # one per held bound (~1 s); polling every 50 ms made 50
+        await coordinator.submit("running", "other", _rows(8))  # another actor runs 8 rows of its own:
+        assert len((await coordinator.lease("other", 8, None)).items) == 8
+        await coordinator.lease("other", 0, _report(running=8))  # full, its next row would wait there
         submitted = time.monotonic()
         await coordinator.submit("theirs", "other", _rows(1))
         while len(engine.prompts) < 2 and time.monotonic() - submitted < 2.0:

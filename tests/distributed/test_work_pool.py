@@ -18,10 +18,19 @@ def _rows(n: int) -> list[tuple[str, dict]]:
     return [(f"prompt {i}", {"max_tokens": 4}) for i in range(n)]
 
 
+def _full(pool: WorkPool, owner: str, now: float, slots: int = 8) -> None:
+    """``owner`` reports an engine with every running slot taken: rows it submits now would wait
+    there, so other workers may take them (``WorkPool._reserved_for_owners``)."""
+    seqs = tuple(SeqProgress(10, 256, 30, True, request_id=i) for i in range(slots))
+    pool.lease(owner, 0, now, progress=WorkerProgress(slots, seqs, StepSums(), move_s_per_token=1e-5,
+                                                       move_latency_s=0.1))
+
+
 def test_owner_items_first_and_results_in_row_order():
     pool = WorkPool()
-    pool.submit("a", "owner-a", _rows(3))
+    pool.submit("a", "owner-a", _rows(5))
     pool.submit("b", "owner-b", _rows(2))
+    _full(pool, "owner-a", now=0.0)  # owner-a's rows would wait: owner-b may take some
     leased = pool.lease("owner-b", 3, now=0.0)
     assert [i.item_id for i in leased] == ["b/0", "b/1", "a/0"]
     for item in leased:
@@ -29,19 +38,20 @@ def test_owner_items_first_and_results_in_row_order():
     while pool.pending:  # owner-a drains the rest, a fair share per call
         for item in pool.lease("owner-a", 10, now=0.0):
             pool.complete("owner-a", item.item_id, f"r{item.item_id}")
-    assert pool.batch_done("a") and pool.take_batch("a") == ["ra/0", "ra/1", "ra/2"]
+    assert pool.batch_done("a") and pool.take_batch("a") == [f"ra/{i}" for i in range(5)]
     assert pool.counters.num_moved == 1  # a/0 ran on owner-b
     assert "a" not in pool.batches  # forgotten once taken
 
 
-def test_a_worker_takes_only_its_fair_share_while_others_are_active():
+def test_a_worker_takes_only_its_fair_share_of_queued_rows_while_others_are_active():
     pool = WorkPool()
-    pool.submit("a", "owner-a", _rows(8))
-    pool.lease("helper", 0, now=0.0)  # the helper is asking for work too
-    mine = pool.lease("owner-a", 100, now=0.5)
-    assert len(mine) == 4  # half of the 8 pending rows
-    assert len(pool.lease("helper", 100, now=0.6)) == 4
-    assert len(pool.lease("owner-a", 100, now=5.0)) == 0
+    pool.submit("a", "owner-a", _rows(12))
+    assert len(pool.lease("owner-a", 4, now=0.0)) == 4  # its own rows, up to its room
+    _full(pool, "owner-a", now=0.0, slots=4)  # the other 8 would wait behind them
+    pool.lease("helper-2", 0, now=0.0)  # another helper is asking for work too
+    assert len(pool.lease("helper-1", 100, now=0.5)) == 4  # a third of the 12 outstanding rows
+    assert len(pool.lease("helper-2", 100, now=0.6)) == 4
+    assert len(pool.lease("helper-1", 100, now=5.0)) == 0
 
 
 def _long_and_short(num_long: int, num_short: int) -> list[tuple[str, dict]]:
@@ -54,26 +64,28 @@ def _long_rows(leased) -> int:
     return sum(item.max_tokens == 256 for item in leased)
 
 
-def test_long_rows_are_spread_over_the_stages_registered_actors_at_admission():
+def test_queued_long_rows_are_spread_over_the_stages_registered_actors_at_admission():
     # Issue #33: with the share taken over who had leased lately, the first actor to lease was
-    # the only one and took all 8 long rows (4 runs in 5). Registered as they start, both
-    # actors count from the first lease on, and the long rows go round-robin.
+    # the only one and took every long row (4 runs in 5). Registered as they start, all actors
+    # count from the first lease on, and the long rows that would queue go round-robin.
     pool = WorkPool()
-    for w in ("a", "b"):
+    for w in ("owner", "a", "b"):
         pool.register(w, now=0.0)
-    pool.submit("batch", "a", _long_and_short(8, 40), now=5.0)
-    first = pool.lease("a", 256, now=5.0)  # default max_num_seqs: room for everything
-    assert _long_rows(first) == 4 and pool.lease("a", 256, now=5.1) == []  # at its share
-    assert pool.counters.num_members_at_first_lease == 2
-    second = pool.lease("b", 256, now=5.2)
-    assert _long_rows(second) == 4
-    # Three actors, four long rows of different lengths: two, one and one, the longest first.
+    pool.submit("batch", "owner", _long_and_short(16, 40), now=5.0)
+    assert _long_rows(pool.lease("owner", 8, now=5.0)) == 8  # its own rows, up to its 8 slots
+    assert pool.counters.num_members_at_first_lease == 3
+    _full(pool, "owner", now=5.0)  # the other 8 long rows would queue there
+    first = pool.lease("a", 256, now=5.1)  # default max_num_seqs: room for everything
+    assert _long_rows(first) == 4 and pool.lease("a", 256, now=5.15) == []  # b's turn
+    assert _long_rows(pool.lease("b", 256, now=5.2)) == 4
+    # Three actors, four queued long rows of different lengths: two, one and one, the longest first.
     pool = WorkPool()
-    for w in ("a", "b", "c"):
+    for w in ("owner", "a", "b", "c"):
         pool.register(w, now=0.0, ready=True)
     rows = [(f"r{n}", {"max_tokens": n}) for n in (300, 290, 280, 270)]
     rows += [(f"s{i}", {"max_tokens": 60}) for i in range(40)]
-    pool.submit("batch", "a", rows, now=0.5)
+    pool.submit("batch", "owner", rows, now=0.5)
+    _full(pool, "owner", now=0.5)
     got = {w: sorted((i.max_tokens for i in pool.lease(w, 8, now=0.5) if i.max_tokens > 60), reverse=True)
            for w in ("a", "b", "c")}
     assert got == {"a": [300, 270], "b": [290], "c": [280]}
@@ -87,15 +99,17 @@ def test_an_actor_that_does_not_come_is_not_waited_for():
     pool.register("c", now=0.5)  # its process started half a second later
     pool.register("a", now=3.0, ready=True, load_s=3.0)
     pool.register("b", now=3.2, ready=True, load_s=3.2)  # built, but Ray Data has no batch for it
-    pool.submit("batch", "a", _long_and_short(6, 0), now=3.3)
-    assert _long_rows(pool.lease("a", 8, now=3.3)) == 2  # a third: b and c may still come
-    assert pool.members(now=3.6) == {"a", "b", "c"}
+    pool.submit("batch", "o", _long_and_short(14, 0), now=3.3)
+    assert _long_rows(pool.lease("o", 8, now=3.3)) == 8  # its own rows, up to its 8 slots
+    pool.hold("o", 0, now=3.3)  # its engine is full: its call is held, asking for nothing
+    assert _long_rows(pool.lease("a", 8, now=3.3)) == 2  # a third of the 6 queued: b and c may still come
+    assert pool.members(now=3.6) == {"a", "b", "c", "o"}
     assert pool.next_change_s("a", now=3.6) == pytest.approx(3.7)  # b's first-call grace ends
     # c should be ready by its start plus the slowest load so far, with slack, and that grace.
-    assert pool.members(now=3.8) == {"a", "c"}
+    assert pool.members(now=3.8) == {"a", "c", "o"}
     assert _long_rows(pool.lease("a", 8, now=3.8)) == 1  # half of the rest: c still loads
     assert pool.next_change_s("a", now=3.8) == pytest.approx(0.5 + 1.25 * 3.2 + 0.5)
-    assert pool.members(now=5.1) == set()  # c is not waited for any more (and a is not calling now)
+    assert pool.members(now=5.1) == {"o"}  # c is not waited for any more (and a is not calling now)
     assert _long_rows(pool.lease("a", 8, now=5.1)) == 3
     pool.worker_died("a")
     assert "a" not in pool.membership.registered
@@ -124,7 +138,8 @@ def test_a_batch_whose_waiter_is_gone_leaves_the_pool():
     # The caller gave up (cancelled): its pending, leased and finished items all go, and a late
     # result for one of them is dropped.
     pool = WorkPool(lease_timeout_s=5.0)
-    pool.submit("k", "owner", _rows(3), now=0.0)
+    pool.submit("k", "owner", _rows(4), now=0.0)
+    _full(pool, "owner", now=0.0)  # its rows would wait: the helper takes its share, two
     first, second = pool.lease("helper", 2, now=0.0)
     pool.complete("helper", first.item_id, "r")
     pool.forget_batch("k")
@@ -218,7 +233,7 @@ def test_a_plan_counts_what_a_receiver_leased_since_it_reported():
     pool = WorkPool()
     pool.submit("a", "first", [(f"p{i}", {"max_tokens": 256}) for i in range(8)])
     cpu_like = _steps(0.008, 0.003)
-    pool.lease("first", 4, now=0.0)
+    pool.lease("first", 4, now=0.0, progress=_progress([], cpu_like, slots=4))  # 4 slots: 4 rows would wait
     assert len(pool.lease("second", 8, now=0.0, progress=_progress([], cpu_like))) == 4
     pool.lease("first", 0, now=0.5, progress=_progress([(20, 256)] * 4, cpu_like))
     assert pool.plan_give_back("first", now=0.5) == []
@@ -233,7 +248,7 @@ def test_a_given_back_item_goes_to_a_receiver_over_its_share():
     pool = WorkPool()
     pool.submit("a", "busy", [(f"p{i}", {"max_tokens": 100}) for i in range(4)])
     pool.lease("idle", 0, now=0.0)
-    busy = pool.lease("busy", 2, now=0.1)
+    busy = pool.lease("busy", 2, now=0.1, progress=_progress([], _steps(0.008, 0.003), slots=2))
     idle = pool.lease("idle", 8, now=0.1)
     assert len(busy) == len(idle) == 2 and pool.lease("idle", 8, now=0.2) == []  # at its share
     assert pool.give_back("busy", busy[0].item_id, state="s", num_generated=10, now=0.3)
@@ -322,7 +337,9 @@ def _simulate_packing(lens: list[int], num_workers: int = 2, slots: int = 32, pr
                 pool.complete(w, row[0], "done")
         for w in workers:
             held = len(running[w]) + len(waiting[w])
-            for item in pool.lease(w, slots + prefetch - held, now):
+            report = WorkerProgress(slots, tuple(SeqProgress(0, 1, 1, True) for _ in range(held)), StepSums(),
+                                    move_s_per_token=1e-5, move_latency_s=0.1)
+            for item in pool.lease(w, slots + prefetch - held, now, progress=report):
                 waiting[w].append([item.item_id, item.params["max_tokens"]])
         steps += 1
     return steps, -(-sum(lens) // (num_workers * slots))
@@ -354,10 +371,13 @@ def test_cache_affinity_hands_a_prefix_to_the_worker_that_ran_it_and_never_idles
     assert [i.prompt for i in pool.lease("w2", 1, now=0.0)] == [template_b + "row 0"]
     rows = [(t + f"row {i}", {"max_tokens": 4}) for i in range(1, 5) for t in (template_b, template_a)]
     pool.submit("mixed", "w2", rows)  # interleaved, owned by w2
+    pool.hold("w2", 4, now=0.5)  # room for 4 of its 8: w1 may take the other 4
     got_1 = pool.lease("w1", 4, now=0.5)
+    pool.unhold("w2")
     got_2 = pool.lease("w2", 4, now=0.5)
     assert all(i.prompt.startswith(template_a) for i in got_1)  # w1 ran template A: it gets A's rows
     assert all(i.prompt.startswith(template_b) for i in got_2)
     # Affinity only orders: a worker with nothing held still gets work of another's prefix.
     pool.submit("only-b", "w2", [(template_b + "row 9", {"max_tokens": 4})])
+    pool.hold("w2", 0, now=0.6)  # its engine is full
     assert [i.prompt for i in pool.lease("w3", 1, now=0.6)] == [template_b + "row 9"]

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field, replace
 from batchgen_data.engine.core.progress import SeqProgress
 from batchgen_data.engine.migration.lengths import OutputLengths
 from batchgen_data.engine.migration.step_model import StepModel, StepSums
+from batchgen_data.hardware import ComputeShare
 
 
 
@@ -89,6 +90,7 @@ class WorkerProgress:
     move_s_per_token: float = 0.0  # min(KV transfer, recompute) per token, from its engine's rates
     move_latency_s: float = 0.1  # fixed cost of one move: round trips and a step of the receiver
     kv_s_per_token: float = math.inf  # shipping one token's KV (``MigrationCosts.transfer_s(1)``)
+    compute: ComputeShare | None = None  # what its engine's steps use of its machine (None: unknown)
 
     @property
     def free_slots(self) -> int:
