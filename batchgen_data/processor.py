@@ -278,7 +278,6 @@ class Processor:
         if self.config.accelerator_type is not None:
             options.update(accelerator_type=self.config.accelerator_type, num_gpus=1)
         operator_kwargs = self.config.operator_kwargs(self.chat_template_kwargs)
-        BatchGenOperator.start_work_pool(**operator_kwargs)  # its process starts before the actors load
         dataset = dataset.map_batches(BatchGenOperator,
                                       fn_constructor_kwargs=operator_kwargs,
                                       # Arrow batches: every output column keeps its Arrow type (logprobs too)

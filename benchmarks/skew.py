@@ -14,9 +14,8 @@ grid (``grid``) is a few fixed anchors (the issue's workloads and the earlier si
 benchmark) plus scenarios drawn with ``--seed``. Each scenario runs as ``--pairs`` off/on pairs
 (no rebalancing, rebalancing), the order alternating pair by pair, all in one Ray cluster after an
 untimed warm-up; the coordinator is killed after every run, so each rebalanced run starts its own
-as a job would: from the driver as the job starts (``--pool-from driver``, the default:
-``BatchGenOperator.start_work_pool``, as ``build_processor`` and the CLI do; inside the timed
-wall), or from the first actor to start (``--pool-from actors``: a plain ``map_batches``).
+as a job would: on demand, when an actor's rows would queue (inside the timed wall; a run where
+none would runs without one).
 
 Per scenario it reports the median and min over pairs of the wall ratio (off / on, the whole
 ``map_batches`` job with actor start-up) and of the span ratio (first to last engine step over
@@ -195,8 +194,7 @@ def warm_up(ray, scenarios: list[Scenario]) -> None:
         _kill_coordinators(ray)
 
 
-def run_case(ray, scenario: Scenario, rows: list[dict], rebalance: bool, stats_dir: Path,
-             pool_from: str = "driver") -> dict:
+def run_case(ray, scenario: Scenario, rows: list[dict], rebalance: bool, stats_dir: Path) -> dict:
     shutil.rmtree(stats_dir, ignore_errors=True)
     stats_dir.mkdir(parents=True)
     engine_config = {} if scenario.max_num_seqs is None else {"max_num_seqs": scenario.max_num_seqs}
@@ -205,8 +203,6 @@ def run_case(ray, scenario: Scenario, rows: list[dict], rebalance: bool, stats_d
     ds = ray.data.from_items(rows, override_num_blocks=math.ceil(scenario.rows / scenario.block_size))
     kwargs = {"model": "demo", "engine_config": engine_config, "rebalance": rebalance, "stats_dir": str(stats_dir)}
     start = time.time()
-    if rebalance and pool_from == "driver":  # as build_processor and the CLI do (timed: part of the job)
-        BatchGenOperator.start_work_pool(**kwargs)
     out = ds.map_batches(
         BatchGenOperator,
         fn_constructor_kwargs=kwargs,
@@ -244,7 +240,7 @@ def where_time_went(report: dict, job_start: float, wall: float) -> dict:
     gaps = [(a - s["step_s"]) - b for a, b, s in zip(at[1:], at, steps[1:])]
     reb = report["rebalance"] or {}
     since = {key: (reb[key] - job_start if reb.get(key) else None)
-             for key in ("ready_wall", "first_call_wall", "first_items_wall")}
+             for key in ("ready_wall", "first_call_wall", "first_items_wall", "joined_pool_wall")}
     return {
         "pid": report["pid"], "num_steps": len(steps), "busy_s": busy,
         "engine_start_s": report["start_wall"] - job_start, **since,
@@ -254,6 +250,7 @@ def where_time_went(report: dict, job_start: float, wall: float) -> dict:
         "calibrated_per_seq_s": reb.get("calibrated_per_seq_s", 0.0),
         "pool_calls": reb.get("num_pool_calls", 0), "pool_call_s": reb.get("pool_call_s", 0.0),
         "pool_held_s": reb.get("pool_held_s", 0.0), "leased": reb.get("num_leased", 0),
+        "local_batches": reb.get("num_local_batches", 0),
         "given_back": reb.get("num_given_back", 0), "continued": reb.get("num_continued", 0),
         "moved_kv_bytes": reb.get("migrated_out_bytes", 0), "recomputed_tokens": reb.get("num_recomputed_tokens", 0),
         "moves": [(t - job_start, what, s, n, b) for t, what, s, n, b in reb.get("events", [])],
@@ -319,7 +316,8 @@ def worst_pair_lines(result: dict) -> list[str]:
             if side == "on":
                 line += (f"; ready {_s(a['ready_wall'])} (calibration {a['calibration_s']:.2f} s"
                          f"{', cached' if a['calibration_cached'] else ''}), "
-                         f"first items {_s(a['first_items_wall'])}, {a['leased']} leased, "
+                         f"pool from {_s(a.get('joined_pool_wall'))}, {a.get('local_batches', 0)} batches run "
+                         f"without it, first items {_s(a['first_items_wall'])}, {a['leased']} leased, "
                          f"{a['pool_calls']} pool calls ({a['pool_call_s'] - a['pool_held_s']:.2f} s not held), "
                          f"gave {a['given_back']}, continued {a['continued']}")
             lines.append(line)
@@ -338,10 +336,6 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--pairs", type=int, default=5, help="off/on pairs per scenario")
     parser.add_argument("--only", default="", help="comma-separated scenario names to run (default: all)")
     parser.add_argument("--list", action="store_true", help="print the scenarios and exit")
-    parser.add_argument("--pool-from", choices=("driver", "actors"), default="driver",
-                        help="who starts the rebalanced runs' work pool: the driver, before the job runs "
-                             "(BatchGenOperator.start_work_pool, as build_processor and the CLI do), or the "
-                             "first actor to start (a plain map_batches)")
     parser.add_argument("--out", type=Path, default=Path("runs/skew"))
     parser.add_argument("--from-json", type=Path, help="render the tables of an earlier run's skew.json; run nothing")
     args = parser.parse_args(argv)
@@ -377,7 +371,7 @@ def main(argv=None) -> list[dict]:
                 for rebalance in ((False, True) if k % 2 == 0 else (True, False)):
                     side = "on" if rebalance else "off"
                     stats_dir = args.out / "actor-stats" / f"{scenario.name}-pair{k}-{side}"
-                    pair[side] = run_case(ray, scenario, rows, rebalance, stats_dir, args.pool_from)
+                    pair[side] = run_case(ray, scenario, rows, rebalance, stats_dir)
                 off, on = pair["off"], pair["on"]
                 print(f"{scenario.name} pair {k}: off {off['wall_s']:.1f} s (span {off['span_s']:.1f}), "
                       f"on {on['wall_s']:.1f} s (span {on['span_s']:.1f})", flush=True)

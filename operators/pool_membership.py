@@ -1,26 +1,24 @@
 """An actor's membership of its stage's work pool: the coordinator's name (per Ray job and stage
-config), this actor's worker id, and how the pool gets started: by the first actor to start
-(``start_coordinator``, as it starts, before it loads its model), or ahead of the actors by the
-driver (``start_work_pool``: ``BatchGenOperator.start_work_pool``)."""
+config), this actor's worker id and start time (``join_stage``), and what its engine uses of its
+machine (``engine_compute``). The pool itself starts on demand, when an actor's rows would queue
+(``rebalance.RebalanceClient.run_batch``)."""
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from batchgen_data.distributed.coordinator import coordinator_name, get_or_create_coordinator
+from batchgen_data.distributed.coordinator import coordinator_name
 from batchgen_data.hardware import ComputeShare, usable_cpus
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
 class PoolMembership:
-    """What ``start_coordinator`` gives the actor: the stage's coordinator (a Ray actor handle)
-    and this actor's worker id, registered with it."""
+    """What ``join_stage`` gives the actor as it starts: its worker id and start time, and the
+    stage's coordinator where one is given (a Ray actor handle; None: found or started on
+    demand)."""
 
     coordinator: Any
     worker_id: str
@@ -59,25 +57,7 @@ def new_worker_id() -> str:
     return f"{_ray_ids()[1] or 'driver'}-{uuid.uuid4().hex[:6]}"
 
 
-def start_coordinator(stage_key: str, lease_timeout_s: float) -> PoolMembership | None:
-    """Create or find the stage's coordinator and register this actor with it, without waiting:
-    call it as the actor starts, before it loads its model, so the coordinator's process starts
-    while the actors load theirs and counts every actor from the stage's first lease on. None if
-    Ray refuses (the client then retries at first use, and falls back to local runs if that
-    fails too)."""
-    started = time.monotonic()
-    try:
-        worker_id = new_worker_id()
-        coordinator = get_or_create_coordinator(stage_coordinator_name(stage_key), lease_timeout_s)
-        coordinator.register.remote(worker_id)
-        return PoolMembership(coordinator, worker_id, started)
-    except Exception as err:
-        logger.warning("could not start the work pool coordinator yet: %s", err)
-        return None
-
-
-def start_work_pool(stage_key: str, lease_timeout_s: float) -> bool:
-    """Create the stage's coordinator from the driver, ahead of its actors (which find it by
-    name and register as they start): ``BatchGenOperator.start_work_pool``. Not awaited."""
-    get_or_create_coordinator(stage_coordinator_name(stage_key), lease_timeout_s)
-    return True
+def join_stage() -> PoolMembership:
+    """This actor's membership, taken as it starts (before it loads its model): the pool learns
+    how long its actors take to load from it."""
+    return PoolMembership(None, new_worker_id(), time.monotonic())

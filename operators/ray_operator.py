@@ -91,11 +91,11 @@ class BatchGenOperator:
             rebalance = in_ray_actor()
         # Rebalancing evens out generation tails; a pooling row (embed, classify) is one prefill.
         rebalance = rebalance and self.config.task_type == "generate"
-        coordinator = None
-        if rebalance:  # the coordinator's process starts while this actor loads the model
-            from batchgen_data.operators.pool_membership import start_coordinator
+        membership = None
+        if rebalance:  # as it starts: the pool learns how long actors take to load
+            from batchgen_data.operators.pool_membership import join_stage
 
-            coordinator = start_coordinator(repr(self.config), lease_timeout_s)
+            membership = join_stage()
         self.engine = AsyncEngine(Engine(model, self.config.engine_config))
         self.stats_dir = stats_dir
         if stats_dir is not None:
@@ -105,43 +105,11 @@ class BatchGenOperator:
             from batchgen_data.operators.rebalance import RebalanceClient
 
             self.rebalancer = RebalanceClient(self.engine, repr(self.config), lease_timeout_s,
-                                              coordinator)
+                                              membership)
         self._rows_in_flight = 0
         self._peak_rows_in_flight = 0
         self._num_calls = 0
         self._warned = False
-
-    @classmethod
-    def start_work_pool(cls, rebalance: bool | None = None, lease_timeout_s: float = 15.0,
-                        stats_dir: str | None = None, **fn_constructor_kwargs) -> bool:
-        """Start the work pool of the stage these ``fn_constructor_kwargs`` make, from the driver,
-        before the dataset runs: optional. Each actor otherwise creates it as it starts, and on a
-        small machine the pool's process (~0.35 s of CPU) then starts among the actors' (Ray
-        starts as many processes at once as there are CPUs); started first, it delays them less
-        (``docs/benchmarks.md``, the skew grid). ``build_processor``'s processors and
-        the CLI's ``--workers`` call it. Returns whether a pool was started (rebalancing on, a
-        generation stage, Ray initialised); never raises: the actors create it otherwise.
-
-        Example:
-            >>> kwargs = {"model": "demo", "max_tokens": 64}
-            >>> BatchGenOperator.start_work_pool(**kwargs)  # doctest: +SKIP
-            True
-            >>> ds.map_batches(BatchGenOperator, fn_constructor_kwargs=kwargs, ...)  # doctest: +SKIP
-        """
-        import ray
-
-        if rebalance is False or not ray.is_initialized():
-            return False
-        try:
-            config = StageConfig(**fn_constructor_kwargs)
-            if config.task_type != "generate":
-                return False
-            from batchgen_data.operators.pool_membership import start_work_pool
-
-            return start_work_pool(repr(config), lease_timeout_s)
-        except Exception as err:  # the actors create it as they start
-            logger.warning("could not start the stage's work pool ahead of its actors: %s", err)
-            return False
 
     async def __call__(self, batch):
         prepared = prepare_batch(batch, self.config)

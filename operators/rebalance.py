@@ -1,15 +1,19 @@
 """Cross-actor rebalancing for ``BatchGenOperator``: the actor side of the shared work pool.
 
 NOTE: how one actor takes part.
-  * As it starts, before it loads its model, the actor creates or finds the stage's coordinator
-    and registers as a member (``start_coordinator``): the pool shares work over the stage's
-    actors from the first lease on, not over whoever happened to ask first. Once its engine is
-    built, the client calibrates the engine's step model (``migration/calibration.py``: a few
-    dummy decode steps at 2 and at a full running set, ~0.2 s on the demo model, once per
-    machine, model and settings: later engines read it from disk, ``calibration_cache.py``) and
-    tells the pool the actor is ready.
+  * The pool starts on demand (``run_batch``): while the stage has none, a batch whose rows fit
+    the engine's free running slots and KV memory runs on the actor's own engine
+    (``local_first.rows_here``), with no coordinator process and no round trip; a batch with
+    rows that would queue starts the stage's coordinator (or finds it), starts the longest rows
+    that fit at once and puts the rest in the pool. Once the pool exists every batch goes
+    through it, and every actor joins it (registers, with how long it took to load) at its next
+    call. Once its engine is built, the client calibrates the engine's step model
+    (``migration/calibration.py``: a few dummy decode steps at 2 and at a full running set, ~0.2
+    s on the demo model, once per machine, model and settings: later engines read it from disk,
+    ``calibration_cache.py``).
   * As an owner, ``run_batch`` submits the batch's valid rows to the coordinator and awaits their
-    results; it then emits the rows itself (exactly once, in order).
+    results; it then emits the rows itself (exactly once, in order). Rows it ran outside the
+    pool are not movable: only pooled rows are given back at the tail.
   * As a worker, a background loop leases pool items for the running slots its engine has free
     below ``max_num_seqs``, or about to free (a sequence that reaches its ``max_tokens`` within
     one measured lease round trip), the longest first, its own batches' among equals; runs
@@ -66,7 +70,9 @@ from dataclasses import asdict
 from batchgen_data.operators.restart import exit_for_restart
 from batchgen_data.operators.columns import RowResult
 
-from batchgen_data.distributed.coordinator import NAMESPACE, LeasedItem, LeaseReply, get_or_create_coordinator
+from batchgen_data.distributed.coordinator import (NAMESPACE, LeasedItem, LeaseReply, find_coordinator,
+                                                   get_or_create_coordinator)
+from batchgen_data.operators.local_first import EngineRoom, full_length, rows_here
 from batchgen_data.operators.pool_membership import PoolMembership, engine_compute, new_worker_id, stage_coordinator_name
 from batchgen_data.operators.rebalance_stats import RebalanceStats
 from batchgen_data.engine.core.progress import SeqProgress
@@ -89,6 +95,10 @@ _MAX_INCOMING = 4096
 _MAX_HOLD_S = 5.0
 
 
+def _max_tokens(params: SamplingParams) -> int:
+    return int(params.max_tokens or SamplingParams.defaults()["max_tokens"])
+
+
 def _kv_bytes(state) -> int:
     kv = getattr(state, "kv", None)
     return 0 if kv is None else kv.numel() * kv.element_size()
@@ -108,8 +118,9 @@ class RebalanceClient:
         engine (AsyncEngine): the actor's engine, before its first request.
         stage_key (str): names the stage's coordinator (the stage's config).
         lease_timeout_s (float): how long a silent worker keeps its leases.
-        coordinator (PoolMembership | actor handle | None): from ``start_coordinator``; a bare
-            handle (this client then registers), or None (created or found at first use).
+        coordinator (PoolMembership | actor handle | None): from ``join_stage`` (its worker id
+            and start time), a coordinator handle (this client joins it now), or None: the
+            stage's coordinator is found or started on demand (``run_batch``).
         calibrate (bool, default True): calibrate the engine's step model now (~0.2 s on the
             demo model); without it the move rule splits no running set until the engine's own
             steps show a slope.
@@ -123,10 +134,13 @@ class RebalanceClient:
         self.stats = RebalanceStats()
         started = None  # when the actor started, if known: the pool learns how long actors take to load
         if isinstance(coordinator, PoolMembership):
-            self.worker_id, self._coordinator = coordinator.worker_id, coordinator.coordinator
-            started = coordinator.started
+            self.worker_id, coordinator, started = coordinator.worker_id, coordinator.coordinator, coordinator.started
         else:
-            self.worker_id, self._coordinator = new_worker_id(), coordinator  # None: at first use
+            self.worker_id = new_worker_id()
+        self._coordinator = None  # found or started when work would queue (``_find``, ``_start_pool``)
+        self._local_rows = 0  # rows of this actor's own batches running outside the pool
+        self._local_kv_tokens = 0  # ... and their estimated KV tokens at their full lengths
+        self._local_output_tokens = 0  # ... and their output budgets (max_tokens)
         self._loop_task: asyncio.Task | None = None
         self._compute = None  # ``engine_compute``, found at the first load report
         self._tasks: set[asyncio.Task] = set()
@@ -146,8 +160,10 @@ class RebalanceClient:
         self.probe = EngineProbe.attach(engine)  # its engine's load, published by the engine thread
         if calibrate:
             self._calibrate()
-        self._announce(ready=True, load_s=None if started is None else time.monotonic() - started)
+        self._load_s = None if started is None else time.monotonic() - started
         self.stats.ready_wall = time.time()
+        if coordinator is not None:
+            self._join(coordinator)
 
     def _calibrate(self) -> None:
         """The engine's step model from a few timed decode steps (before its thread starts), or
@@ -160,15 +176,36 @@ class RebalanceClient:
             self.stats.calibrated_base_s = calibration.model.base_s
             self.stats.calibrated_per_seq_s = calibration.model.per_seq_s
 
-    def _announce(self, ready: bool, load_s: float | None = None) -> None:
+    def _join(self, coordinator) -> None:
+        """Take part in the stage's pool from now on: register (ready, with the time this actor
+        took to load) and start the lease loop."""
+        self._coordinator = coordinator
+        self._pool_outstanding = 1  # not known yet: the loop's first lease call says
+        self.stats.joined_pool_wall = time.time()
         try:
-            self._handle().register.remote(self.worker_id, ready, load_s)
-        except Exception as err:  # the first call retries, and falls back to local runs
+            coordinator.register.remote(self.worker_id, True, self._load_s)
+        except Exception as err:  # its first lease registers it as a worker anyway
             logger.warning("could not register with the work pool: %s", err)
 
-    def _handle(self):
+    def _find(self):
+        """The stage's coordinator if some actor of the stage started it (looked up by name, once
+        per call until found); None while none did."""
+        if self._coordinator is None and self._coordinator_ok:
+            coordinator = find_coordinator(self.name)
+            if coordinator is not None:
+                self._join(coordinator)
+        if self._coordinator is not None:
+            self._ensure_loop()
+        return self._coordinator
+
+    def _start_pool(self):
+        """Start the stage's coordinator (or find the one another actor just started)."""
         if self._coordinator is None:
-            self._coordinator = get_or_create_coordinator(self.name, self.lease_timeout_s)
+            self._join(get_or_create_coordinator(self.name, self.lease_timeout_s))
+        self._ensure_loop()
+        return self._coordinator
+
+    def _handle(self):
         return self._coordinator
 
     def _notify(self) -> None:
@@ -176,16 +213,89 @@ class RebalanceClient:
         changed.set()
 
     async def run_batch(self, prompts: list, params: list[SamplingParams]) -> list[RowResult] | None:
-        """Results for the batch through the pool; None if the pool cannot give them (the
-        coordinator is unavailable, or it dropped the batch): the caller runs it locally."""
-        self._ensure_loop()
+        """Results for the batch: on this actor's engine while no pool is needed, else through
+        the pool; None if the pool cannot give them (the coordinator is unavailable, or it
+        dropped the batch): the caller runs them locally.
+
+        The pool starts on demand: while no actor of the stage has rows that would queue, every
+        batch runs on its own actor's engine, with no coordinator process and no round trip. A
+        batch with more rows than its engine has free running slots starts the pool (or finds
+        it): the longest rows that fit start here at once, the rest go to the pool, where this
+        actor leases them back as its slots free unless an actor with room takes them first.
+        Once the pool exists every batch goes through it, and an actor whose last call ends
+        while the pool has work holds that call to help (``_drain_leased_items``)."""
         self.stats.first_call_wall = self.stats.first_call_wall or time.time()
-        rows = [(p, sp.to_dict()) for p, sp in zip(prompts, params)]
-        # A key of this call's own: equal rows in another call (a copy of the batch, or a retry)
-        # are another batch, and unseeded sampled rows get their own samples.
-        batch_key = f"{self.worker_id}/{uuid.uuid4().hex}"
         self._open_calls += 1
         self._notify()
+        try:
+            if self._find() is None:
+                lengths = [full_length(p, _max_tokens(sp)) for p, sp in zip(prompts, params)]
+                here = rows_here(lengths, self._room_now())
+                if len(here) == len(prompts):
+                    self.stats.num_local_batches += 1
+                    return await self._run_local(prompts, params, lengths)
+                pooled = sorted(set(range(len(prompts))) - set(here))
+                local = self._run_local([prompts[i] for i in here], [params[i] for i in here],
+                                        [lengths[i] for i in here])
+                self._start_pool()
+                try:
+                    rest = await self._run_pooled([prompts[i] for i in pooled], [params[i] for i in pooled])
+                    if rest is None:
+                        rest = await self._run_local([prompts[i] for i in pooled], [params[i] for i in pooled],
+                                                     [lengths[i] for i in pooled])
+                    mine = await local
+                except BaseException:  # cancelled or failed: its rows here stop too
+                    local.cancel()
+                    await asyncio.gather(local, return_exceptions=True)
+                    raise
+                by_index = dict(zip(here, mine)) | dict(zip(pooled, rest))
+                return [by_index[i] for i in range(len(prompts))]
+            return await self._run_pooled(prompts, params)
+        finally:
+            if self._open_calls == 1 and self._find() is not None:
+                await self._drain_leased_items()
+            self._open_calls -= 1
+            if not self._open_calls:  # its last call closed: the pool stops counting it as taking work
+                self._wake_held_lease()
+
+    def _room_now(self) -> EngineRoom:
+        """What this actor's engine has free for rows that should start now: by its last
+        snapshot, or by what this client handed it since where that claims more."""
+        seqs = self.probe.snapshot.progress.seqs
+        engine = self.engine.engine
+        slots = engine.max_running_seqs - max(len(seqs), self._local_rows + self._items_in_flight)
+        claimed = max(sum(s.num_tokens + s.max_tokens - s.num_generated for s in seqs), self._local_kv_tokens)
+        return EngineRoom(max(0, slots), max(0, engine.kv_capacity_tokens - claimed))
+
+    def _run_local(self, prompts: list, params: list[SamplingParams], lengths: list[int]) -> asyncio.Future:
+        """Rows on this actor's engine, outside the pool (not movable: the pool never sees them);
+        ``lengths``, their estimated KV tokens at the end (``local_first.full_length``). They
+        count against its room from this call on (its lease loop must not fill their slots)."""
+        output_tokens = sum(_max_tokens(sp) + 1 for sp in params)
+        self._local_rows += len(prompts)
+        self._local_kv_tokens += sum(lengths)
+        self._local_output_tokens += output_tokens
+
+        async def run() -> list[RowResult]:
+            try:
+                outputs = await self.engine.generate(prompts, params) if prompts else []
+            except EngineDeadError as err:
+                exit_for_restart(err)
+            finally:
+                self._local_rows -= len(prompts)
+                self._local_kv_tokens -= sum(lengths)
+                self._local_output_tokens -= output_tokens
+                self._wake_held_lease()  # its slots are free: a call held for want of room asks again
+            return [RowResult.from_output(out) for out in outputs]
+
+        return asyncio.ensure_future(run())
+
+    async def _run_pooled(self, prompts: list, params: list[SamplingParams]) -> list[RowResult] | None:
+        """Rows through the pool: submitted under a key of this call's own (equal rows in
+        another call, a copy of the batch or a retry, are another batch, and unseeded sampled
+        rows get their own samples), then awaited; None if the pool cannot give them."""
+        rows = [(p, sp.to_dict()) for p, sp in zip(prompts, params)]
+        batch_key = f"{self.worker_id}/{uuid.uuid4().hex}"
         results = None
         try:
             coordinator = self._handle()
@@ -197,11 +307,6 @@ class RebalanceClient:
         finally:
             if results is None:  # cancelled, failed or dropped: nobody will take its results
                 self._forget_batch(batch_key)
-            if self._open_calls == 1:
-                await self._drain_leased_items()
-            self._open_calls -= 1
-            if not self._open_calls:
-                self._end_held_lease()
         if results is None:
             self.stats.num_fallback_batches += 1
             return None
@@ -215,12 +320,12 @@ class RebalanceClient:
         except Exception as err:
             logger.warning("could not tell the work pool to drop a batch: %s", err)
 
-    def _end_held_lease(self) -> None:
-        """Its last call closed: a lease call held for it ends now (not awaited), so the pool
-        stops counting it as taking work."""
-        if self._holding is not None and self._coordinator_ok:
+    def _wake_held_lease(self) -> None:
+        """End this actor's held lease call now (not awaited), so its loop asks again with what
+        its engine has free now: the pool cannot see rows run outside it end."""
+        if self._holding is not None and self._coordinator_ok and self._coordinator is not None:
             try:
-                self._handle().wake.remote(self.worker_id)
+                self._coordinator.wake.remote(self.worker_id)
             except Exception as err:
                 logger.warning("could not end a held lease call: %s", err)
 
@@ -260,7 +365,8 @@ class RebalanceClient:
             # an older snapshot would lease twice for slots already refilled. Slots whose
             # sequence ends within the lease round trip count as free: the next item arrives as
             # they free up.
-            room = max(0, progress.slots + soon - len(progress.seqs))
+            # The rows it started outside the pool count even before a snapshot shows them.
+            room = max(0, progress.slots + soon - max(len(progress.seqs), self._local_rows + self._items_in_flight))
             # Held until the pool has something for it; with no room, until a slot is about to free.
             wait_s = _MAX_HOLD_S if room else min(_MAX_HOLD_S, wake_s)
             try:
@@ -313,12 +419,17 @@ class RebalanceClient:
         incoming = tuple(islice(reversed(self._submitted), num_incoming))[::-1]
         if self._compute is None:
             self._compute = engine_compute(self.engine.engine.config)
+        # Rows it runs outside the pool are its engine's unmovable sequences (pooled ones are
+        # movable unless their item says otherwise: few), and those the snapshot does not show yet.
+        local = [s.max_tokens - s.num_generated + 1 for s in progress.seqs if not s.movable]
+        unseen = max(0, self._local_rows - len(local))
+        local_tokens = sum(local) + unseen * self._local_output_tokens // max(1, self._local_rows)
         return WorkerProgress(
             slots=self.engine.engine.max_running_seqs, seqs=progress.seqs + incoming, step=snapshot.step,
             move_s_per_token=snapshot.move_s_per_token, kv_s_per_token=self._kv_s_per_token,
             # A give-back and the receiver's lease (two round trips: the receiver's held call
             # returns the item at once), and the step the export waits for.
-            move_latency_s=2 * self._call_s + self._step_s_hint, compute=self._compute)
+            move_latency_s=2 * self._call_s + self._step_s_hint, compute=self._compute, local_tokens=local_tokens)
 
     def _step_s(self, progress: WorkerProgress) -> float:
         model = progress.step.fit()

@@ -10,6 +10,7 @@ class RebalanceStats:
     num_leased: int = 0
     num_run_for_others: int = 0
     num_fallback_batches: int = 0
+    num_local_batches: int = 0  # batches run on its own engine while the stage needed no pool
     num_given_back: int = 0  # running sequences this actor handed to others at the tail
     num_continued: int = 0  # sequences started elsewhere that this actor finished
     num_recomputed_tokens: int = 0  # KV rebuilt from tokens in this actor's engine
@@ -27,4 +28,5 @@ class RebalanceStats:
     ready_wall: float = 0.0  # wall clock when its engine was built and calibrated (start-up, for benchmarks)
     first_call_wall: float = 0.0  # ... when its first batch call came
     first_items_wall: float = 0.0  # ... when its first lease brought items
+    joined_pool_wall: float = 0.0  # ... when it found or started the stage's pool (0: it never needed one)
     events: list = field(default_factory=list)  # (wall time, what, seconds, count, bytes) of each move

@@ -28,7 +28,7 @@ class StalledEngine:
 
     def __init__(self, max_running_seqs: int = 8):
         stats = SimpleNamespace(num_forward_tokens=0, kernel_s=0.0, num_recomputed_tokens=0)
-        self.engine = SimpleNamespace(max_running_seqs=max_running_seqs, kv_bytes_per_token=64, stats=lambda: stats,
+        self.engine = SimpleNamespace(max_running_seqs=max_running_seqs, kv_bytes_per_token=64, stats=lambda: stats, kv_capacity_tokens=1 << 20,
                                       config=EngineConfig(device="cpu"))
         self.num_unfinished = 0
         self.prompts: list = []

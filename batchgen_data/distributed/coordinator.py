@@ -149,7 +149,6 @@ class Coordinator:
         pool = self.pool
         called = time.monotonic()
         deadline = called + min(wait_s, self.max_hold_s)
-        self._woken.discard(worker)
         if progress is not None:
             self._notify()  # a new load report: other held calls' plans may change
         planned_at = None  # the load reports the last plan saw (``WorkPool.num_reports``)
@@ -192,10 +191,11 @@ class Coordinator:
         )
 
     async def wake(self, worker: str) -> None:
-        """End ``worker``'s held lease call now (it returns what the pool has for it then)."""
-        if self.pool.holds(worker) is not None:
-            self._woken.add(worker)
-            self._notify()
+        """End ``worker``'s held lease call now (it returns what the pool has for it then); one
+        that arrives before that call is held (an async actor may start a caller's calls out of
+        order) ends it as soon as it is: at worst the next call returns at once."""
+        self._woken.add(worker)
+        self._notify()
 
     async def give_back(self, worker: str, item_id: str, state: Any, num_generated: int) -> bool:
         self._touch()
@@ -240,6 +240,18 @@ class Coordinator:
 def coordinator_name(job_id: str, stage_key: str) -> str:
     digest = hashlib.sha1(stage_key.encode()).hexdigest()[:12]
     return f"batchgen-pool-{job_id}-{digest}"
+
+
+def find_coordinator(name: str):
+    """The coordinator named ``name`` if it runs; None if it does not (or Ray is not running)."""
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    try:
+        return ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError:
+        return None
 
 
 def get_or_create_coordinator(name: str, lease_timeout_s: float):

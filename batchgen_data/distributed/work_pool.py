@@ -223,7 +223,8 @@ class WorkPool:
         nowhere sooner). Another owner's only where that owner has no room for them now
         (``_reserved_for_owners``): work moves where it would queue, not where it would run
         anyway. Of those, a worker holds at most its fair share of the outstanding work (pending
-        plus leased, in estimated tokens, over the stage's ``members``), so nobody hoards long
+        plus leased, in estimated tokens, and the rows actors run outside the pool as their
+        reports give them, over the stage's ``members``), so nobody hoards long
         rows another actor would start now; and while some member has not leased yet, they go
         round-robin, longest first (``members.Spread``). A worker holding nothing always gets
         one item.
@@ -257,8 +258,10 @@ class WorkPool:
         mine = self.prefixes.setdefault(worker, OrderedDict())
         leasable.sort(key=lambda i: (-cost[i], self.items[i].prefix not in mine,
                                      self.items[i].owner != worker))
-        held = sum(cost[i] for i, lease in self.leases.items() if lease.worker == worker)
-        outstanding = sum(cost.values())
+        # Work held outside the pool counts too: rows actors started on their own engines.
+        local = {w: load.progress.local_tokens for w, load in self.loads.items() if self.is_alive(w, now)}
+        held = sum(cost[i] for i, lease in self.leases.items() if lease.worker == worker) + local.get(worker, 0)
+        outstanding = sum(cost.values()) + sum(local.values())
         quota = -(-outstanding // max(1, len(members))) - held
         if quota <= 0 and held > 0 and not any(self._free_for(self.items[i], worker) for i in leasable):
             return taken  # over its share already; a worker holding nothing always gets one item

@@ -163,6 +163,11 @@ class Engine:
         return self.executor.num_unfinished
 
     @property
+    def kv_capacity_tokens(self) -> int:
+        """The tokens the whole KV budget holds (all sequences together)."""
+        return self.executor.num_kv_blocks * self.executor.block_size
+
+    @property
     def kv_bytes_per_token(self) -> int:
         """What one token's KV costs, all layers (``KVSpec``s): what a MIGRATE ships."""
         return self.executor.kv_bytes_per_token

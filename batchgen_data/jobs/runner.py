@@ -176,7 +176,6 @@ def _run_ray(spec, stage, tables, pending: list[Part], progress, summary) -> Non
             total = ray.cluster_resources().get("CPU", 1)
             cpus = max(0.25, min(1.0, (total - 1) / spec.workers))
         operator_kwargs = _operator_kwargs(stage)
-        BatchGenOperator.start_work_pool(**operator_kwargs)  # its process starts before the actors load
         ds = ray.data.from_arrow(blocks).map_batches(
             BatchGenOperator,
             fn_constructor_kwargs=operator_kwargs,

@@ -149,3 +149,18 @@ def test_an_actor_with_room_and_nothing_to_take_does_not_poll():
         await asyncio.gather(call, *tasks, return_exceptions=True)
 
     asyncio.run(job())
+
+
+def test_a_wake_that_arrives_before_its_call_is_held_still_ends_it():
+    """An async actor may start a caller's calls out of order: a wake the worker sent after its
+    lease call (its rows outside the pool ended) can run first. Seen on the skew grid as a 5 s
+    idle hold with rows pending; now the call returns as soon as it is held, and only that one."""
+    async def job():
+        coordinator = Coordinator(lease_timeout_s=30.0)
+        await coordinator.wake("w")
+        reply, seconds = await _timed(coordinator.lease("w", 0, None, 5.0))
+        assert reply.items == [] and seconds < 0.2
+        reply, seconds = await _timed(coordinator.lease("w", 0, None, 0.3))  # consumed: held again
+        assert 0.3 <= seconds < 0.6
+
+    asyncio.run(job())

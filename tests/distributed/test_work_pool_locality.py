@@ -66,3 +66,18 @@ def test_rows_of_a_silent_owner_go_to_whoever_has_room():
     pool.submit("batch-a", "a", _rows([64] * 4), now=0.0)
     assert pool.lease("b", 8, now=1.0) == []  # a is alive and has room
     assert len(pool.lease("b", 8, now=10.0)) == 4  # a has not been heard from for a lease timeout
+
+
+def test_rows_an_owner_runs_outside_the_pool_count_in_the_shares():
+    # The owner started its 8 longest rows on its own engine before the stage had a pool and put
+    # the other 8 in it: the pool sees those 8 only in its load report.
+    pool = WorkPool()
+    for w in ("a", "b"):
+        pool.register(w, now=0.0, ready=True)
+    seqs = tuple(SeqProgress(0, 256, 10, started=True, movable=False) for _ in range(8))
+    report = WorkerProgress(slots=8, seqs=seqs, step=StepSums(), move_s_per_token=1e-4, kv_s_per_token=1e-5,
+                            move_latency_s=0.01, local_tokens=8 * 257)
+    pool.submit("batch-a", "a", _rows([256] * 8), now=0.0)
+    assert pool.lease("a", 0, now=0.0, progress=report) == []  # full
+    # b's share is half of all 16 long rows, not half of the 8 in the pool: it takes all 8.
+    assert _long(pool.lease("b", 8, now=0.1)) == [256] * 8

@@ -91,6 +91,9 @@ class WorkerProgress:
     move_latency_s: float = 0.1  # fixed cost of one move: round trips and a step of the receiver
     kv_s_per_token: float = math.inf  # shipping one token's KV (``MigrationCosts.transfer_s(1)``)
     compute: ComputeShare | None = None  # what its engine's steps use of its machine (None: unknown)
+    # Output tokens its sequences outside the pool have left (rows an actor started on its own
+    # engine before the stage had a pool): work it holds that the pool has no items for.
+    local_tokens: int = 0
 
     @property
     def free_slots(self) -> int:
