@@ -4,6 +4,7 @@ on a grid of skewed workloads rather than one configuration?
     .venv/bin/python benchmarks/skew.py            # the seeded grid, 5 off/on pairs each (~1-2 h on 2 CPUs)
     .venv/bin/python benchmarks/skew.py --quick    # 2 scenarios x 2 pairs: a smoke test (~5 min)
     .venv/bin/python benchmarks/skew.py --list     # print the grid and exit
+    .venv/bin/python benchmarks/skew.py --aa --only g05-in-set  # the noise floor: pairs of two runs without rebalancing
 
 ``BatchGenOperator`` actors on the demo model (``ActorPoolStrategy(size=actors,
 max_concurrent_calls_per_actor=2, max_tasks_in_flight_per_actor=2)``, 0.5 CPU each). A scenario
@@ -336,6 +337,8 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--pairs", type=int, default=5, help="off/on pairs per scenario")
     parser.add_argument("--only", default="", help="comma-separated scenario names to run (default: all)")
     parser.add_argument("--list", action="store_true", help="print the scenarios and exit")
+    parser.add_argument("--aa", action="store_true",
+                        help="the noise floor: both runs of every pair without rebalancing (an A/A test)")
     parser.add_argument("--out", type=Path, default=Path("runs/skew"))
     parser.add_argument("--from-json", type=Path, help="render the tables of an earlier run's skew.json; run nothing")
     args = parser.parse_args(argv)
@@ -371,7 +374,7 @@ def main(argv=None) -> list[dict]:
                 for rebalance in ((False, True) if k % 2 == 0 else (True, False)):
                     side = "on" if rebalance else "off"
                     stats_dir = args.out / "actor-stats" / f"{scenario.name}-pair{k}-{side}"
-                    pair[side] = run_case(ray, scenario, rows, rebalance, stats_dir)
+                    pair[side] = run_case(ray, scenario, rows, rebalance and not args.aa, stats_dir)
                 off, on = pair["off"], pair["on"]
                 print(f"{scenario.name} pair {k}: off {off['wall_s']:.1f} s (span {off['span_s']:.1f}), "
                       f"on {on['wall_s']:.1f} s (span {on['span_s']:.1f})", flush=True)

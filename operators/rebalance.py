@@ -225,6 +225,9 @@ class RebalanceClient:
         Once the pool exists every batch goes through it, and an actor whose last call ends
         while the pool has work holds that call to help (``_drain_leased_items``)."""
         self.stats.first_call_wall = self.stats.first_call_wall or time.time()
+        if not self._coordinator_ok:  # its pool failed earlier: the caller runs the batch
+            self.stats.num_fallback_batches += 1
+            return None
         self._open_calls += 1
         self._notify()
         try:
