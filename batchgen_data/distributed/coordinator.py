@@ -216,8 +216,12 @@ class Coordinator:
 
     def _slot_freed(self, worker: str) -> None:
         """One of ``worker``'s sequences ended, so its engine has a slot it did not count when
-        its held call (if any) asked for none: that call returns, and the worker asks again."""
-        if self.pool.holds(worker) == 0:
+        its held call asked for none: that call returns, and the worker asks again. With no call
+        of it held, its next call returns at once: that call may have counted its room from a
+        snapshot taken before the sequence ended (async actors start a caller's calls out of
+        order, and its engine's snapshot lags a step), and would otherwise hold for its whole
+        bound with the slot free (5 s idle in one pair of the skew grid's ``issue-queued``)."""
+        if self.pool.holds(worker) in (0, None):
             self._woken.add(worker)
 
     async def release(self, worker: str, item_ids: list[str]) -> None:

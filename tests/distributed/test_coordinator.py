@@ -104,6 +104,7 @@ def test_a_full_engines_held_lease_returns_when_one_of_its_sequences_ends():
             await coordinator.complete("owner", item.item_id, "r")
         # The stage empties: a held call of a worker that last saw work outstanding returns.
         held = asyncio.ensure_future(_timed(coordinator.lease("w", 4, None, 5.0, 3)))
+        await asyncio.sleep(0.05)  # held before the results come (one arriving first ends the next call)
         for item in (second, third):
             await coordinator.complete("w", item.item_id, "r")
         await asyncio.sleep(0.1)
@@ -162,5 +163,20 @@ def test_a_wake_that_arrives_before_its_call_is_held_still_ends_it():
         assert reply.items == [] and seconds < 0.2
         reply, seconds = await _timed(coordinator.lease("w", 0, None, 0.3))  # consumed: held again
         assert 0.3 <= seconds < 0.6
+
+    asyncio.run(job())
+
+
+def test_a_result_that_arrives_before_the_next_call_still_ends_it():
+    """A worker's result reaches the coordinator before its next lease call, which counted its
+    room from a snapshot taken before that sequence ended (room 0): the call returns at once
+    instead of holding for its bound with the slot free."""
+    async def job():
+        coordinator = Coordinator(lease_timeout_s=30.0)
+        await coordinator.submit("batch", "w", _rows(2))
+        first, _ = (await coordinator.lease("w", 2, None)).items
+        await coordinator.complete("w", first.item_id, "r")  # no call of w is held now
+        reply, seconds = await _timed(coordinator.lease("w", 0, None, 5.0))
+        assert reply.items == [] and seconds < 0.2
 
     asyncio.run(job())
