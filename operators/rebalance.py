@@ -95,10 +95,6 @@ _MAX_INCOMING = 4096
 _MAX_HOLD_S = 5.0
 
 
-def _max_tokens(params: SamplingParams) -> int:
-    return int(params.max_tokens or SamplingParams.defaults()["max_tokens"])
-
-
 def _kv_bytes(state) -> int:
     kv = getattr(state, "kv", None)
     return 0 if kv is None else kv.numel() * kv.element_size()
@@ -232,7 +228,7 @@ class RebalanceClient:
         self._notify()
         try:
             if self._find() is None:
-                lengths = [full_length(p, _max_tokens(sp)) for p, sp in zip(prompts, params)]
+                lengths = [full_length(p, sp.max_tokens) for p, sp in zip(prompts, params)]
                 here = rows_here(lengths, self._room_now())
                 if len(here) == len(prompts):
                     self.stats.num_local_batches += 1
@@ -266,15 +262,21 @@ class RebalanceClient:
         snapshot, or by what this client handed it since where that claims more."""
         seqs = self.probe.snapshot.progress.seqs
         engine = self.engine.engine
-        slots = engine.max_running_seqs - max(len(seqs), self._local_rows + self._items_in_flight)
+        slots = engine.max_running_seqs - self._num_taken(len(seqs))
         claimed = max(sum(s.num_tokens + s.max_tokens - s.num_generated for s in seqs), self._local_kv_tokens)
         return EngineRoom(max(0, slots), max(0, engine.kv_capacity_tokens - claimed))
+
+    def _num_taken(self, num_seqs: int) -> int:
+        """Running slots its engine's sequences take: ``num_seqs`` by a snapshot, or the rows this
+        client handed it (its own outside the pool, and leased items) where those are more: a
+        snapshot lags a step behind them."""
+        return max(num_seqs, self._local_rows + self._items_in_flight)
 
     def _run_local(self, prompts: list, params: list[SamplingParams], lengths: list[int]) -> asyncio.Future:
         """Rows on this actor's engine, outside the pool (not movable: the pool never sees them);
         ``lengths``, their estimated KV tokens at the end (``local_first.full_length``). They
         count against its room from this call on (its lease loop must not fill their slots)."""
-        output_tokens = sum(_max_tokens(sp) + 1 for sp in params)
+        output_tokens = sum(sp.max_tokens + 1 for sp in params)
         self._local_rows += len(prompts)
         self._local_kv_tokens += sum(lengths)
         self._local_output_tokens += output_tokens
@@ -368,8 +370,7 @@ class RebalanceClient:
             # an older snapshot would lease twice for slots already refilled. Slots whose
             # sequence ends within the lease round trip count as free: the next item arrives as
             # they free up.
-            # The rows it started outside the pool count even before a snapshot shows them.
-            room = max(0, progress.slots + soon - max(len(progress.seqs), self._local_rows + self._items_in_flight))
+            room = max(0, progress.slots + soon - self._num_taken(len(progress.seqs)))
             # Held until the pool has something for it; with no room, until a slot is about to free.
             wait_s = _MAX_HOLD_S if room else min(_MAX_HOLD_S, wake_s)
             try:
