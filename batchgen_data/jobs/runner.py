@@ -29,6 +29,7 @@ from batchgen_data.jobs.files import (
     write_part,
 )
 from batchgen_data.jobs.inputs import BadInput, discover_inputs, load_inputs
+from batchgen_data.jobs.interrupt import run_interruptible
 from batchgen_data.jobs.progress import JobProgress
 from batchgen_data.jobs.readers import resolve_encoding
 from batchgen_data.operators.columns import ERROR_COLUMN
@@ -99,7 +100,7 @@ def run_job(spec: JobSpec) -> JobSummary:
     progress = JobProgress(summary.num_rows, summary.num_rows - sum(p.num_rows for p in pending), spec.show_progress)
     try:
         if spec.workers <= 1:
-            asyncio.run(_run_local(spec, stage, tables, pending, progress, summary))
+            run_interruptible(_run_local(spec, stage, tables, pending, progress, summary))
         else:
             _run_ray(spec, stage, tables, pending, progress, summary)
     finally:
