@@ -65,7 +65,12 @@ BENCH_OFFLOAD_CONFIG = dict(BENCH_MODEL_CONFIG, vocab_size=8000, num_local_exper
 # templated job's time is mostly prefill of the shared instruction.
 BENCH_PREFIX_CONFIG = dict(BENCH_MODEL_CONFIG, vocab_size=2048, hidden_size=512, intermediate_size=1408,
                            num_attention_heads=8, num_key_value_heads=4)
+# For decode steps against llama.cpp (issue #35): the prefix model's layers with 16 experts and a
+# vocabulary of 8,192; one sequence's step reads ~94 MiB of weights (attention, 2 of 16 experts
+# per layer, the LM head).
+BENCH_DECODE_CONFIG = dict(BENCH_PREFIX_CONFIG, vocab_size=8192, num_local_experts=16)
 BENCH_MODELS = {"mixtral": ("bench-mixtral-206m", BENCH_MODEL_CONFIG),
+                "mixtral_decode": ("bench-mixtral-decode-16e", BENCH_DECODE_CONFIG),
                 "mixtral_small": ("bench-mixtral-small-prefix", BENCH_PREFIX_CONFIG),
                 "deepseek_v3": ("bench-deepseek-v3-mla", BENCH_DEEPSEEK_V3_CONFIG),
                 "mixtral_16e": ("bench-mixtral-16e-320m", BENCH_OFFLOAD_CONFIG)}

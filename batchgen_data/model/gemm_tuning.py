@@ -50,12 +50,23 @@ def _weight_left(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.mm(w, x.t()).t()  # [M, N] view of the row-major [N, M] product
 
 
-def available_kernels() -> dict[str, Kernel]:
-    """The CPU GEMM kernels ``linear`` may dispatch to; each returns x @ w.T as [M, N]."""
+def available_kernels(native: bool = False) -> dict[str, Kernel]:
+    """The CPU GEMM kernels ``linear`` may dispatch to; each returns x @ w.T as [M, N]. With
+    ``native``, also the project's compiled skinny GEMM (``model/native``), where it builds."""
     kernels: dict[str, Kernel] = {"linear": F.linear, "weight_left": _weight_left}
     if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
         kernels["onednn"] = _onednn
+    if native:
+        from batchgen_data.model.native import load_native
+
+        module = load_native()
+        if module is not None:
+            kernels["skinny"] = module.skinny_linear
     return kernels
+
+
+# Kernels made for few rows only: the tuner does not try them beyond this many.
+KERNEL_MAX_ROWS = {"skinny": 32}
 
 
 # Row buckets: bucket i holds 2**i .. 2**(i+1)-1 rows and is measured at its geometric middle.
@@ -134,11 +145,12 @@ def tune(weights: dict[Shape, list[torch.Tensor]], max_rows: dict[Shape, int],
         best: dict[Shape, dict[str, float]] = {s: {} for s in shapes}
         streamed = {s: weights[s][: _num_streamed(weights[s]) if rows <= _MEMORY_BOUND_ROWS else 1] for s in shapes}
         inputs = {s: torch.randn(rows, s[1], dtype=weights[s][0].dtype) for s in shapes}
-        for kernel in kernels.values():
+        candidates = {name: k for name, k in kernels.items() if rows <= KERNEL_MAX_ROWS.get(name, rows)}
+        for kernel in candidates.values():
             for shape in shapes:
                 kernel(inputs[shape], weights[shape][0])  # warm-up: allocator, oneDNN primitive cache
         for _ in range(_PASSES):
-            for name, kernel in kernels.items():
+            for name, kernel in candidates.items():
                 for shape in shapes:
                     t = timer(kernel, inputs[shape], streamed[shape])
                     best[shape][name] = min(t, best[shape].get(name, float("inf")))
@@ -151,9 +163,12 @@ def _num_streamed(ws: list[torch.Tensor]) -> int:
     return max(1, min(len(ws), -(-_STREAM_BYTES // (ws[0].numel() * ws[0].element_size()))))
 
 
-def plan_cache_key(weights: dict[Shape, list[torch.Tensor]], max_rows: dict[Shape, int]) -> str:
+def plan_cache_key(weights: dict[Shape, list[torch.Tensor]], max_rows: dict[Shape, int],
+                   kernel_names: list[str] | None = None) -> str:
     parts = [platform.machine(), platform.processor(), cpu_model(), torch.__version__, str(torch.get_num_threads()),
              sorted((s, len(ws), str(ws[0].dtype), bucket_of(max_rows[s])) for s, ws in weights.items())]
+    if kernel_names is not None:  # a plan chooses among these: another set is another plan
+        parts.append(sorted(kernel_names))
     return hashlib.sha1(repr(parts).encode()).hexdigest()[:16]
 
 
@@ -166,11 +181,13 @@ def load_per_cpu() -> float | None:
 
 
 def load_or_tune(weights: dict[Shape, list[torch.Tensor]], max_rows: dict[Shape, int],
-                 cache_folder: Path | None) -> GemmPlan:
-    """The cached plan for this machine and model, else a freshly tuned one (then cached). A
-    cached plan tuned under load is tuned again, and replaced, once a process finds the machine
-    quiet (``GemmPlan.tuned_under_load``): a wrong choice does not stay cached for good."""
-    path = None if cache_folder is None else cache_folder / f"{plan_cache_key(weights, max_rows)}.json"
+                 cache_folder: Path | None, kernels: dict[str, Kernel] | None = None) -> GemmPlan:
+    """The cached plan for this machine and model, else a freshly tuned one (then cached), over
+    ``kernels`` (default: torch's). A cached plan tuned under load is tuned again, and replaced,
+    once a process finds the machine quiet (``GemmPlan.tuned_under_load``): a wrong choice does
+    not stay cached for good."""
+    names = None if kernels is None else list(kernels)
+    path = None if cache_folder is None else cache_folder / f"{plan_cache_key(weights, max_rows, names)}.json"
     load = load_per_cpu()
     if path is not None and path.is_file():
         try:
@@ -180,7 +197,7 @@ def load_or_tune(weights: dict[Shape, list[torch.Tensor]], max_rows: dict[Shape,
         except (ValueError, KeyError, AttributeError, OSError) as err:
             logger.warning("ignoring unreadable GEMM plan %s: %s", path, err)
     start = time.perf_counter()
-    plan = tune(weights, max_rows)
+    plan = tune(weights, max_rows, kernels)
     plan.load_per_cpu = load
     logger.info("tuned CPU GEMM kernels for %d shapes in %.1f s", len(weights), time.perf_counter() - start)
     if path is not None:

@@ -18,8 +18,10 @@ _KERNELS = available_kernels()
 _PLAN = GemmPlan()
 
 
-def use_gemm_plan(plan: GemmPlan) -> None:
-    """Dispatch the plan's shapes by its measured choices (other shapes keep theirs)."""
+def use_gemm_plan(plan: GemmPlan, kernels: dict | None = None) -> None:
+    """Dispatch the plan's shapes by its measured choices (other shapes keep theirs); ``kernels``
+    are the ones it chose among (the compiled skinny GEMM among them, where it was built)."""
+    _KERNELS.update(kernels or {})
     _PLAN.choices.update(plan.choices)
 
 
@@ -38,7 +40,9 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
     if x.device.type != "cpu" or x.dim() != 2 or w.dtype != torch.float32:
         return F.linear(x, w, b)
     rows, (n, k) = x.shape[0], w.shape
-    name = _PLAN.kernel_for(rows, n, k) or _static_choice(rows, n, k)
+    name = _PLAN.kernel_for(rows, n, k)
+    if name not in _KERNELS:  # not planned for this shape, or a kernel this process lacks
+        name = _static_choice(rows, n, k)
     if name == "linear":
         return F.linear(x, w, b)
     out = _KERNELS[name](x.contiguous(), w)

@@ -33,9 +33,11 @@ from batchgen_data.engine.stats import EngineStats
 from batchgen_data.engine.step_report import StepReport
 from batchgen_data.errors import BatchGenError, ConfigError
 from batchgen_data.model import ModelConfig, MoEModel
-from batchgen_data.model.gemm_tuning import load_or_tune
+from batchgen_data.model.gemm_tuning import available_kernels, load_or_tune
 from batchgen_data.model.kv_cache import KVCache
 from batchgen_data.model.layers import use_gemm_plan
+from batchgen_data.model.attention.paged_decode import use_native_decode_attention
+from batchgen_data.model.native import load_native
 from batchgen_data.model.moe.store import ExpertShard, StreamedStore
 from batchgen_data.paths import cache_dir
 
@@ -77,6 +79,7 @@ class InProcessExecutor:
                                               expert_shard=expert_shard,
                                               weight_memory_bytes=config.weight_memory_bytes)
         _tune_gemms(self.model, config)
+        _use_native_attention(self.model)
         block_bytes = KVCache.bytes_per_block(self.model.kv_specs, config.block_size)
         self.offload_plan, running = _plan_running_set(self.model, config, block_bytes)
         max_model_len = resolve_max_model_len(config, self.model.config)
@@ -228,7 +231,14 @@ def _tune_gemms(model: MoEModel, config: EngineConfig) -> None:
     """Pick each fp32 CPU GEMM shape's fastest kernel (cached on disk across runs)."""
     if config.tune_gemms and model.device.type == "cpu" and model.dtype == torch.float32:
         weights, max_rows = model.gemm_weights(config.max_num_batched_tokens, config.max_num_seqs)
-        use_gemm_plan(load_or_tune(weights, max_rows, cache_dir() / "gemm-plans"))
+        kernels = available_kernels(native=True)
+        use_gemm_plan(load_or_tune(weights, max_rows, cache_dir() / "gemm-plans", kernels), kernels)
+
+
+def _use_native_attention(model: MoEModel) -> None:
+    """Decode attention reads the KV pages in place where the native kernels build (CPU, fp32)."""
+    if model.device.type == "cpu" and model.dtype == torch.float32:
+        use_native_decode_attention(load_native() is not None)
 
 
 def _plan_running_set(model: MoEModel, config: EngineConfig, block_bytes: int) -> tuple[OffloadPlan | None, int]:

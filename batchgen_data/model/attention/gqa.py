@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from batchgen_data.model.attention.metadata import AttentionBatch, AttentionMetadata
+from batchgen_data.model.attention.paged_decode import paged_decode_kernel
 from batchgen_data.model.attention.spec import KVSpec, LayerKV
 from batchgen_data.model.config import ModelConfig
 from batchgen_data.model.layers import linear, rms_norm
@@ -76,6 +77,10 @@ class GQAAttention:
 
     def _attend(self, q: torch.Tensor, meta: AttentionMetadata, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         """q: [t, Nq, D] of one micro-batch -> attention output [t, Nq * D] over its paged KV."""
+        decode = paged_decode_kernel(q, k_cache, meta) if self.sinks is None else None
+        if decode is not None:  # one query per sequence: read the pages in place
+            return decode(q, k_cache, v_cache, meta.block_table, meta.context_lens, self.scale,
+                          self.sliding_window or 0)
         k_out, v_out = meta.gather_buffers.get(self.kv_spec.layout, (None, None))
         keys = meta.gather_pages(k_cache, k_out).transpose(1, 2).to(q.dtype)  # [B, Nkv, L, D]
         values = meta.gather_pages(v_cache, v_out).transpose(1, 2).to(q.dtype)

@@ -1,0 +1,103 @@
+// Decode attention over paged KV, read in place: one query token per sequence.
+//
+// The torch path gathers every sequence's pages into a contiguous [B, L, Nkv, D] buffer and then
+// runs SDPA over it, so each layer reads the KV twice and writes it once. Here each task (a
+// sequence, or one KV head of it) walks its block table in token order and reads each key and
+// value once, for all the query heads that share its KV heads (GQA): scores, a max-subtracted
+// softmax in fp32, then the weighted sum of values. Tasks run on ATen's thread pool.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                                     torch::Tensor block_table, torch::Tensor context_lens, double scale,
+                                     int64_t window) {
+  TORCH_CHECK(q.dim() == 3, "q: [B, Nq, D]");
+  TORCH_CHECK(k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), "KV pages: [blocks, block_size, Nkv, D]");
+  TORCH_CHECK(q.scalar_type() == torch::kFloat && k_cache.scalar_type() == torch::kFloat &&
+                  v_cache.scalar_type() == torch::kFloat, "paged_decode_attention: fp32 only");
+  TORCH_CHECK(block_table.scalar_type() == torch::kLong && context_lens.scalar_type() == torch::kLong,
+              "block_table and context_lens: int64");
+  q = q.contiguous();
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "KV pages must be contiguous");
+  block_table = block_table.contiguous();
+  context_lens = context_lens.contiguous();
+  const int64_t B = q.size(0), Nq = q.size(1), D = q.size(2);
+  const int64_t block_size = k_cache.size(1), Nkv = k_cache.size(2);
+  TORCH_CHECK(k_cache.size(3) == D && Nq % Nkv == 0, "head sizes do not match");
+  const int64_t G = Nq / Nkv, P = block_table.size(1);
+  auto out = torch::empty({B, Nq * D}, q.options());
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k_cache.data_ptr<float>();
+  const float* vp = v_cache.data_ptr<float>();
+  const int64_t* table = block_table.data_ptr<int64_t>();
+  const int64_t* ctx = context_lens.data_ptr<int64_t>();
+  float* op = out.data_ptr<float>();
+  const float sc = static_cast<float>(scale);
+  const int64_t token_stride = Nkv * D;  // floats between consecutive tokens of a page
+
+  // A task is one sequence and a run of its KV heads: all heads when there are enough sequences
+  // to keep the threads busy, so each token's keys (all heads, contiguous in its page) stream in
+  // order; one head per task when a few long sequences must share the threads.
+  const int64_t heads_per_task = B >= 4 * at::get_num_threads() ? Nkv : 1;
+  const int64_t tasks_per_seq = Nkv / heads_per_task;
+  at::parallel_for(0, B * tasks_per_seq, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> scores;
+    for (int64_t task = t0; task < t1; ++task) {
+      const int64_t b = task / tasks_per_seq;
+      const int64_t h0 = (task % tasks_per_seq) * heads_per_task, h1 = h0 + heads_per_task;
+      const int64_t len = ctx[b];
+      const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
+      const int64_t n = len - first;
+      const int64_t rows = (h1 - h0) * G;  // query heads of this task: score row r = (h - h0) * G + g
+      scores.assign(static_cast<size_t>(rows * std::max<int64_t>(n, 1)), 0.f);
+      const int64_t* blocks = table + b * P;
+      const float* qb = qp + b * Nq * D;
+      for (int64_t t = first; t < len; ++t) {
+        const float* rec = kp + (blocks[t / block_size] * block_size + t % block_size) * token_stride;
+        for (int64_t h = h0; h < h1; ++h) {
+          const float* key = rec + h * D;
+          for (int64_t g = 0; g < G; ++g) {
+            const float* qv = qb + (h * G + g) * D;
+            float s = 0.f;
+#pragma omp simd reduction(+ : s)
+            for (int64_t d = 0; d < D; ++d) s += qv[d] * key[d];
+            scores[((h - h0) * G + g) * n + (t - first)] = s * sc;
+          }
+        }
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        float* row = scores.data() + r * n;
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t i = 0; i < n; ++i) mx = std::max(mx, row[i]);
+        float sum = 0.f;
+        for (int64_t i = 0; i < n; ++i) {
+          row[i] = std::exp(row[i] - mx);
+          sum += row[i];
+        }
+        const float inv = n > 0 ? 1.f / sum : 0.f;
+        for (int64_t i = 0; i < n; ++i) row[i] *= inv;
+      }
+      float* ob = op + b * Nq * D;
+      std::fill(ob + h0 * G * D, ob + h1 * G * D, 0.f);
+      for (int64_t t = first; t < len; ++t) {
+        const float* rec = vp + (blocks[t / block_size] * block_size + t % block_size) * token_stride;
+        for (int64_t h = h0; h < h1; ++h) {
+          const float* val = rec + h * D;
+          for (int64_t g = 0; g < G; ++g) {
+            const float p = scores[((h - h0) * G + g) * n + (t - first)];
+            float* o = ob + (h * G + g) * D;
+#pragma omp simd
+            for (int64_t d = 0; d < D; ++d) o[d] += p * val[d];
+          }
+        }
+      }
+    }
+  });
+  return out;
+}

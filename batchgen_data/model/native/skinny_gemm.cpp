@@ -1,0 +1,139 @@
+// Skinny fp32 GEMM for decode steps: y[M, N] = x[M, K] @ w[N, K]^T with few rows (M <= ~32).
+//
+// With few rows a decode GEMM is bound by reading w once from memory. This kernel streams each
+// thread's contiguous slab of w rows exactly once and dots every group of 4 w rows with all M
+// rows of x while the group is in L1 (x stays in L1/L2), with AVX-512 or AVX2 FMAs where the
+// CPU has them (built with -march=native), accumulated in fp32. Threads come from ATen's pool (at::parallel_for), the
+// one every other torch op uses, so no second OpenMP runtime competes for the cores.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cstdint>
+
+namespace {
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+constexpr int64_t kWidth = 16;
+typedef __m512 vec;
+inline vec vzero() { return _mm512_setzero_ps(); }
+inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
+inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline float vsum(vec v) { return _mm512_reduce_add_ps(v); }
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+constexpr int64_t kWidth = 8;
+typedef __m256 vec;
+inline vec vzero() { return _mm256_setzero_ps(); }
+inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
+inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline float vsum(vec v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#else
+constexpr int64_t kWidth = 1;  // portable: the compiler vectorises what it can
+typedef float vec;
+inline vec vzero() { return 0.f; }
+inline vec vload(const float* p) { return *p; }
+inline vec vfma(vec a, vec b, vec c) { return a * b + c; }
+inline float vsum(vec v) { return v; }
+#endif
+
+// y[m, r .. r+4] and y[m+1, r .. r+4]: four w rows against two x rows (8 accumulators).
+inline void four_by_two(const float* const* wr, const float* x0, const float* x1, float* y0, float* y1, int64_t K) {
+  const int64_t kv = K - K % kWidth;
+  vec a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
+  vec b0 = vzero(), b1 = vzero(), b2 = vzero(), b3 = vzero();
+  for (int64_t k = 0; k < kv; k += kWidth) {
+    const vec u = vload(x0 + k), v = vload(x1 + k);
+    const vec w0 = vload(wr[0] + k), w1 = vload(wr[1] + k), w2 = vload(wr[2] + k), w3 = vload(wr[3] + k);
+    a0 = vfma(w0, u, a0); b0 = vfma(w0, v, b0);
+    a1 = vfma(w1, u, a1); b1 = vfma(w1, v, b1);
+    a2 = vfma(w2, u, a2); b2 = vfma(w2, v, b2);
+    a3 = vfma(w3, u, a3); b3 = vfma(w3, v, b3);
+  }
+  float s[8] = {vsum(a0), vsum(a1), vsum(a2), vsum(a3), vsum(b0), vsum(b1), vsum(b2), vsum(b3)};
+  for (int64_t k = kv; k < K; ++k) {
+    for (int i = 0; i < 4; ++i) {
+      s[i] += wr[i][k] * x0[k];
+      s[4 + i] += wr[i][k] * x1[k];
+    }
+  }
+  for (int i = 0; i < 4; ++i) {
+    y0[i] = s[i];
+    y1[i] = s[4 + i];
+  }
+}
+
+// y[m, r .. r+4]: four w rows against one x row (4 accumulators).
+inline void four_by_one(const float* const* wr, const float* x0, float* y0, int64_t K) {
+  const int64_t kv = K - K % kWidth;
+  vec a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
+  for (int64_t k = 0; k < kv; k += kWidth) {
+    const vec u = vload(x0 + k);
+    a0 = vfma(vload(wr[0] + k), u, a0);
+    a1 = vfma(vload(wr[1] + k), u, a1);
+    a2 = vfma(vload(wr[2] + k), u, a2);
+    a3 = vfma(vload(wr[3] + k), u, a3);
+  }
+  float s[4] = {vsum(a0), vsum(a1), vsum(a2), vsum(a3)};
+  for (int64_t k = kv; k < K; ++k)
+    for (int i = 0; i < 4; ++i) s[i] += wr[i][k] * x0[k];
+  for (int i = 0; i < 4; ++i) y0[i] = s[i];
+}
+
+
+// y[:, r .. r+4] for every x row: the four w rows (4 K floats) stay in L1 while the x rows pass.
+inline void four_rows(const float* w, const float* x, float* y, int64_t M, int64_t K, int64_t N, int64_t r) {
+  const float* wr[4] = {w + r * K, w + (r + 1) * K, w + (r + 2) * K, w + (r + 3) * K};
+  int64_t m = 0;
+  for (; m + 2 <= M; m += 2) four_by_two(wr, x + m * K, x + (m + 1) * K, y + m * N + r, y + (m + 1) * N + r, K);
+  if (m < M) four_by_one(wr, x + m * K, y + m * N + r, K);
+}
+
+inline void one_row(const float* w, const float* x, float* y, int64_t M, int64_t K, int64_t N, int64_t r) {
+  const float* wr = w + r * K;
+  const int64_t kv = K - K % kWidth;
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xr = x + m * K;
+    vec a = vzero();
+    for (int64_t k = 0; k < kv; k += kWidth) a = vfma(vload(wr + k), vload(xr + k), a);
+    float s = vsum(a);
+    for (int64_t k = kv; k < K; ++k) s += wr[k] * xr[k];
+    y[m * N + r] = s;
+  }
+}
+
+}  // namespace
+
+torch::Tensor skinny_linear(torch::Tensor x, torch::Tensor w) {
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "skinny_linear: x [M, K], w [N, K]");
+  TORCH_CHECK(x.scalar_type() == torch::kFloat && w.scalar_type() == torch::kFloat, "skinny_linear: fp32 only");
+  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "skinny_linear: CPU tensors only");
+  x = x.contiguous();
+  w = w.contiguous();
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  auto y = torch::empty({M, N}, x.options());
+  if (M == 0 || N == 0) return y;
+  const float* xp = x.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  // Whole 4-row groups per task; at least ~64 KiB of w per task, so small weights stay on one thread.
+  const int64_t groups = (N + 3) / 4;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(1, 4 * K));
+  at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
+      const int64_t r = 4 * g;
+      const int64_t left = N - r;
+      if (left >= 4) {
+        four_rows(wp, xp, yp, M, K, N, r);
+      } else {
+        for (int64_t i = 0; i < left; ++i) one_row(wp, xp, yp, M, K, N, r + i);
+      }
+    }
+  });
+  return y;
+}

@@ -1,0 +1,228 @@
+"""Decode steps against running-set size, beside the memory roofline and llama.cpp (issue #35).
+
+    .venv/bin/python benchmarks/decode_steps.py                 # the engine and the roofline, ~1 min
+    .venv/bin/python benchmarks/decode_steps.py --llama-cpp     # + llama.cpp on the same weights
+    .venv/bin/python benchmarks/decode_steps.py --profile       # + where a step's time goes
+
+The model is ``mixtral_decode`` (``benchmarks/workload.py``): 4 layers, 16 experts (top-2), a
+vocabulary of 8,192, fp32. For every running-set size N the engine takes N rows of
+``--prompt-tokens`` random tokens, each generating exactly ``--gen-tokens`` (greedy,
+``ignore_eos``), the shape of ``llama-batched-bench -npp P -ntg G -npl N``. Decode tok/s counts
+the steps where all N rows decode (N tokens each); prefill tok/s the steps that carry prompt
+tokens. The roofline of a step is ``benchmarks.roofline.step_floor_seconds`` of that very step
+(its weights, the experts it ran and the KV it read, over the measured streaming bandwidth).
+llama.cpp runs from the build ``benchmarks/llama_cpp.py`` makes once in the cache, with f32
+weights and f32 KV, flash attention off (its exact mode), and its default f16 KV for reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from batchgen_data import Engine, EngineConfig, SamplingParams  # noqa: E402
+from batchgen_data.hardware import cpu_model  # noqa: E402
+from batchgen_data.model import ModelConfig  # noqa: E402
+from batchgen_data.paths import cache_dir  # noqa: E402
+from benchmarks.roofline import measure_matmul_rates, measure_memory_bandwidth, step_floor_seconds  # noqa: E402
+from benchmarks.workload import BENCH_MODELS, build_bench_model  # noqa: E402
+
+MODEL = "mixtral_decode"
+
+
+@dataclass(slots=True)
+class DecodeRow:
+    """The engine at one running-set size."""
+
+    running: int
+    num_decode_steps: int  # steps where all N rows decoded
+    decode_tokens_per_s: float
+    step_ms_median: float
+    step_ms_min: float
+    roofline_ms: float  # the median decode step's floor (bandwidth or FLOPs, whichever binds)
+    prefill_tokens_per_s: float
+    # Median seconds per decode step by module group (the runner's own timers) and the rest:
+    # scheduling, metadata, sampling bookkeeping, publishing progress.
+    module_ms: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def over_roofline(self) -> float:
+        return self.step_ms_median / self.roofline_ms
+
+
+def ensure_model() -> Path:
+    folder = cache_dir() / BENCH_MODELS[MODEL][0]
+    if not (folder / "config.json").is_file():
+        build_bench_model(folder, arch=MODEL)
+    return folder
+
+
+def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(length)] for _ in range(n)]
+
+
+def measure_engine(engine: Engine, mcfg: ModelConfig, running: int, prompt_tokens: int, gen_tokens: int,
+                   bandwidth_gbs: float, gflops: float, seed: int = 0) -> DecodeRow:
+    """N rows of exactly ``gen_tokens`` each through a warm engine; the decode and prefill rates."""
+    params = SamplingParams(max_tokens=gen_tokens, temperature=0, ignore_eos=True)
+    engine.timeline.clear()
+    engine.generate(_prompts(running, prompt_tokens, mcfg.vocab_size, seed), params)
+    steps = engine.timeline
+    decode = [s for s in steps if s["num_tokens"] == running and s["num_sampled"] == running]
+    prefill = [s for s in steps if s["num_tokens"] > s["num_sampled"]]
+    if not decode:
+        raise RuntimeError(f"no step decoded all {running} rows at once: raise max_num_seqs")
+    times = [s["step_s"] for s in decode]
+    median = statistics.median(times)
+    floors = sorted(step_floor_seconds(s, mcfg, gflops, bandwidth_gbs) for s in decode)
+    modules = {}
+    for name in ("attention", "moe", "logits"):
+        modules[name] = 1e3 * statistics.median(s[f"{name}_s"] for s in decode)
+    modules["other"] = max(0.0, 1e3 * median - sum(modules.values()))
+    prefill_tokens = sum(s["num_tokens"] - s["num_sampled"] for s in prefill)
+    return DecodeRow(
+        running=running,
+        num_decode_steps=len(decode),
+        decode_tokens_per_s=running * len(decode) / sum(times),
+        step_ms_median=1e3 * median,
+        step_ms_min=1e3 * min(times),
+        roofline_ms=1e3 * floors[len(floors) // 2],
+        prefill_tokens_per_s=prefill_tokens / sum(s["step_s"] for s in prefill) if prefill else 0.0,
+        module_ms=modules,
+    )
+
+
+def profile_ops(engine: Engine, mcfg: ModelConfig, running: int, prompt_tokens: int, steps: int = 40) -> dict:
+    """Where the time of ``steps`` decode steps at N running goes: GEMM kernels, the other torch
+    ops (self time) and the rest (Python, dispatch, bookkeeping), per step in ms; and the ten
+    costliest non-GEMM ops."""
+    from torch.profiler import ProfilerActivity, profile
+
+    params = SamplingParams(max_tokens=steps + 40, temperature=0, ignore_eos=True)
+    for prompt in _prompts(running, prompt_tokens, mcfg.vocab_size, seed=1):
+        engine.add_request(prompt, params)
+    engine.step()
+    while _prefilling(engine):
+        engine.step()
+    for _ in range(5):  # warm
+        engine.step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        wall = time.perf_counter() - start
+    while engine.has_unfinished_requests():
+        engine.step()
+    gemm, ops, top = 0.0, 0.0, []
+    for event in prof.key_averages():
+        self_us = event.self_cpu_time_total
+        if any(k in event.key for k in ("linear", "::mm", "addmm", "bmm", "matmul")):
+            gemm += self_us
+        else:
+            ops += self_us
+            top.append((self_us, event.key, event.count))
+    top.sort(reverse=True)
+    per_step = 1e-3 / steps
+    return {
+        "running": running,
+        "step_ms_profiled": 1e3 * wall / steps,
+        "gemm_ms": gemm * per_step,
+        "other_ops_ms": ops * per_step,
+        "python_and_dispatch_ms": max(0.0, 1e3 * wall / steps - (gemm + ops) * per_step),
+        "ops_per_step": sum(e.count for e in prof.key_averages()) / steps,
+        "top_other_ops": [{"op": k, "ms_per_step": us * per_step, "calls_per_step": c / steps}
+                          for us, k, c in top[:10]],
+    }
+
+
+def _prefilling(engine: Engine) -> bool:
+    report = engine.last_report
+    return report is not None and report.num_tokens > report.num_sampled
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--running", default="1,2,4,8,16,32,64", help="running-set sizes, comma-separated")
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--gen-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--profile", action="store_true", help="torch profiler breakdown at every size")
+    parser.add_argument("--llama-cpp", action="store_true",
+                        help="llama.cpp side by side (built once into the cache: minutes the first time)")
+    parser.add_argument("--out", type=Path, default=Path("runs/decode_steps"))
+    args = parser.parse_args(argv)
+    sizes = [int(x) for x in args.running.split(",")]
+    torch.set_num_threads(args.threads)
+    folder = ensure_model()
+    mcfg = ModelConfig.from_pretrained(folder)
+    bandwidth = measure_memory_bandwidth()
+    gflops = max(measure_matmul_rates(mcfg.hidden_size, mcfg.moe_intermediate_size, seconds=0.5).values())
+    print(f"{cpu_model()}, {args.threads} threads; streaming read {bandwidth:.1f} GB/s, best GEMM {gflops:.0f} GFLOP/s",
+          flush=True)
+    engine = Engine(folder, EngineConfig(max_num_seqs=max(sizes), max_num_batched_tokens=max(2048, args.prompt_tokens),
+                                         collect_timeline=True))
+    engine.generate(_prompts(4, 16, mcfg.vocab_size, seed=9), SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+    rows = [measure_engine(engine, mcfg, n, args.prompt_tokens, args.gen_tokens, bandwidth, gflops) for n in sizes]
+    profiles = [profile_ops(engine, mcfg, n, args.prompt_tokens) for n in sizes] if args.profile else []
+    engine.close()
+    llama = {}
+    if args.llama_cpp:
+        from benchmarks.llama_cpp import llama_cpp_side_by_side
+
+        llama = llama_cpp_side_by_side(folder, sizes, args.prompt_tokens, args.gen_tokens, args.threads)
+    result = {
+        "cpu": cpu_model(), "threads": args.threads, "torch": torch.__version__,
+        "bandwidth_gbs": bandwidth, "gemm_gflops": gflops,
+        "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens,
+        "engine": [dict(asdict(r), over_roofline=r.over_roofline) for r in rows],
+        "profile": profiles, "llama_cpp": llama,
+    }
+    print(format_table(result))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "decode_steps.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def format_table(result: dict) -> str:
+    """Markdown: step time and tok/s against N, beside the roofline and llama.cpp."""
+    llama = {kv: {r["running"]: r for r in rows} for kv, rows in result.get("llama_cpp", {}).items()}
+    head = "| running | step ms | roofline ms | step / roofline | decode tok/s | prefill tok/s |"
+    rule = "|---:|---:|---:|---:|---:|---:|"
+    for kv in llama:
+        head += f" llama.cpp decode tok/s ({kv} KV) | ours / llama.cpp ({kv}) |"
+        rule += "---:|---:|"
+    head += " attention / moe / logits / other ms |"
+    rule += "---|"
+    lines = [head, rule]
+    for r in result["engine"]:
+        m = r["module_ms"]
+        line = (f"| {r['running']} | {r['step_ms_median']:.2f} | {r['roofline_ms']:.2f} | {r['over_roofline']:.2f} "
+                f"| {r['decode_tokens_per_s']:.0f} | {r['prefill_tokens_per_s']:.0f} |")
+        for kv in llama:
+            theirs = llama[kv].get(r["running"])
+            line += (f" {theirs['decode_tokens_per_s']:.0f} | {r['decode_tokens_per_s'] / theirs['decode_tokens_per_s']:.2f} |"
+                     if theirs else " - | - |")
+        line += f" {m['attention']:.2f} / {m['moe']:.2f} / {m['logits']:.2f} / {m['other']:.2f} |"
+        lines.append(line)
+    for p in result.get("profile", []):
+        lines.append(f"\nN={p['running']}: {p['step_ms_profiled']:.2f} ms/step profiled = GEMM {p['gemm_ms']:.2f} "
+                     f"+ other ops {p['other_ops_ms']:.2f} + Python/dispatch {p['python_and_dispatch_ms']:.2f} "
+                     f"({p['ops_per_step']:.0f} ops/step)")
+        for op in p["top_other_ops"][:6]:
+            lines.append(f"    {op['op']}: {op['ms_per_step']:.3f} ms, {op['calls_per_step']:.0f} calls")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

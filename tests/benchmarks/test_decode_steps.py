@@ -1,0 +1,42 @@
+"""The decode-step benchmark measures what it says on a real engine, and reads llama.cpp's output."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import pytest
+
+from batchgen_data import Engine, EngineConfig
+from batchgen_data.model import ModelConfig
+from benchmarks.decode_steps import format_table, measure_engine
+from benchmarks.llama_cpp import _parse_markdown
+
+
+@pytest.mark.timeout(300)
+def test_decode_rows_count_only_steps_where_every_row_decodes(tiny_checkpoint):
+    folder, _ = tiny_checkpoint("mixtral")
+    engine = Engine(folder, EngineConfig(max_num_seqs=4, collect_timeline=True))
+    mcfg = ModelConfig.from_pretrained(folder)
+    rows = [measure_engine(engine, mcfg, n, prompt_tokens=9, gen_tokens=6, bandwidth_gbs=10.0, gflops=100.0)
+            for n in (1, 4)]
+    for row in rows:
+        assert row.decode_tokens_per_s > 0 and row.step_ms_min <= row.step_ms_median
+        assert row.roofline_ms > 0 and row.prefill_tokens_per_s > 0
+        assert set(row.module_ms) == {"attention", "moe", "logits", "other"}
+    # 6 tokens each: the first comes from the prefill step, the other 5 from decode steps of all N.
+    assert [r.num_decode_steps for r in rows] == [5, 5]
+    table = format_table({"engine": [dict(asdict(r), over_roofline=r.over_roofline) for r in rows],
+                          "llama_cpp": {"f32": [{"running": 1, "decode_tokens_per_s": rows[0].decode_tokens_per_s}]}})
+    assert "| 1 |" in table and "| 4 |" in table and "1.00 |" in table and "| - | - |" in table
+
+
+def test_llama_batched_bench_markdown_rows_parse():
+    text = """
+|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |
+|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|
+|   128 |     64 |    1 |    192 |    0.036 |  3506.20 |    0.120 |   531.00 |    0.157 |  1225.00 |
+|   128 |     64 |    8 |   1536 |    0.250 |  4096.00 |    0.640 |   800.00 |    0.890 |  1725.84 |
+"""
+    rows = _parse_markdown(text)
+    assert [r["pl"] for r in rows] == [1, 8]
+    assert rows[1]["speed_tg"] == 800.0 and rows[0]["t_tg"] == 0.120

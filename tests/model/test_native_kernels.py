@@ -1,0 +1,135 @@
+"""The compiled CPU kernels compute what torch computes, on shapes they were not tuned for."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from batchgen_data.model import gemm_tuning
+from batchgen_data.model import layers
+from batchgen_data.model.gemm_tuning import GemmPlan, tune
+from batchgen_data.model.native import ENV_SWITCH, load_native
+
+
+@pytest.fixture(scope="module")
+def native():
+    module = load_native()
+    if module is None:
+        pytest.skip("the native kernels do not build here (no C++ compiler or torch headers)")
+    return module
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 33), n=st.integers(1, 70), k=st.integers(1, 300), seed=st.integers(0, 2**16))
+def test_skinny_linear_matches_a_matmul(native, rows, n, k, seed):
+    g = torch.Generator().manual_seed(seed)
+    x, w = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g)
+    out = native.skinny_linear(x, w)
+    assert out.shape == (rows, n) and out.is_contiguous()
+    torch.testing.assert_close(out, x @ w.T, rtol=1e-5, atol=1e-4)
+
+
+def test_skinny_linear_takes_a_strided_weight_row_of_a_stacked_tensor(native):
+    stacked = torch.randn(4, 96, 64)  # [E, N, K]: an expert's row is a contiguous view
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(native.skinny_linear(x, stacked[2]), x @ stacked[2].T, rtol=1e-5, atol=1e-4)
+    transposed = torch.randn(64, 96).T  # not contiguous: copied, still right
+    torch.testing.assert_close(native.skinny_linear(x, transposed), x @ transposed.T, rtol=1e-5, atol=1e-4)
+
+
+def _gathered_sdpa(q, k_cache, v_cache, table, ctx, scale, window):
+    """The torch path: gather the pages, mask, SDPA."""
+    b, nq, d = q.shape
+    num_blocks, bs, nkv, _ = k_cache.shape
+    p = table.shape[1]
+    keys = k_cache[table].reshape(b, p * bs, nkv, d).transpose(1, 2)
+    values = v_cache[table].reshape(b, p * bs, nkv, d).transpose(1, 2)
+    pos = torch.arange(p * bs)
+    mask = pos[None, :] < ctx[:, None]
+    if window:
+        mask &= pos[None, :] > ctx[:, None] - 1 - window
+    out = F.scaled_dot_product_attention(q[:, :, None], keys, values, attn_mask=mask[:, None, None], scale=scale,
+                                         enable_gqa=nq != nkv)
+    return out.reshape(b, nq * d)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seqs=st.integers(1, 12), kv_heads=st.sampled_from([1, 2, 4]), group=st.sampled_from([1, 2, 4]),
+       head_dim=st.sampled_from([8, 32, 64, 80]), block_size=st.sampled_from([1, 4, 16]),
+       max_ctx=st.integers(1, 70), window=st.sampled_from([0, 1, 5, 32]), seed=st.integers(0, 2**16))
+def test_paged_decode_attention_matches_gathered_sdpa(native, seqs, kv_heads, group, head_dim, block_size, max_ctx,
+                                                      window, seed):
+    g = torch.Generator().manual_seed(seed)
+    num_blocks = seqs * (-(-max_ctx // block_size)) + 3
+    k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g)
+    v_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g)
+    ctx = torch.randint(1, max_ctx + 1, (seqs,), generator=g)
+    pages = -(-int(ctx.max()) // block_size)
+    table = torch.randperm(num_blocks, generator=g)[: seqs * pages].view(seqs, pages)  # pages in any order
+    q = torch.randn(seqs, kv_heads * group, head_dim, generator=g)
+    scale = head_dim**-0.5
+    out = native.paged_decode_attention(q, k_cache, v_cache, table, ctx, scale, window)
+    torch.testing.assert_close(out, _gathered_sdpa(q, k_cache, v_cache, table, ctx, scale, window),
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_the_tuner_tries_a_few_rows_kernel_only_up_to_its_row_limit(monkeypatch):
+    seen: dict[str, set[int]] = {"skinny": set(), "linear": set()}
+
+    def spy(name):
+        def kernel(x, w):
+            seen[name].add(x.shape[0])
+            return F.linear(x, w)
+        return kernel
+
+    w = torch.randn(8, 16)
+    monkeypatch.setitem(gemm_tuning.KERNEL_MAX_ROWS, "skinny", 4)
+    tune({(8, 16): [w]}, {(8, 16): 64}, {"skinny": spy("skinny"), "linear": spy("linear")},
+         timer=lambda kernel, x, ws: float(x.shape[0]))
+    assert max(seen["skinny"]) <= 4 < max(seen["linear"])
+
+
+def test_a_plan_naming_a_kernel_this_process_lacks_falls_back_to_the_static_rule(monkeypatch):
+    monkeypatch.setattr(layers, "_PLAN", GemmPlan({(24, 16): ["skinny"] * 11}))
+    monkeypatch.delitem(layers._KERNELS, "skinny", raising=False)
+    x, w = torch.randn(3, 16), torch.randn(24, 16)
+    torch.testing.assert_close(layers.linear(x, w), x @ w.T, rtol=1e-5, atol=1e-5)
+
+
+def test_the_switch_turns_the_native_kernels_off(monkeypatch):
+    monkeypatch.setenv(ENV_SWITCH, "0")
+    load_native.cache_clear()
+    try:
+        assert load_native() is None
+        assert "skinny" not in gemm_tuning.available_kernels(native=True)
+    finally:
+        monkeypatch.delenv(ENV_SWITCH)
+        load_native.cache_clear()
+
+
+def test_the_engine_decodes_through_the_native_attention_and_matches_transformers(native, tiny_checkpoint,
+                                                                                    monkeypatch):
+    from tiny_checkpoints import hf_greedy_continuations
+
+    from batchgen_data import Engine, EngineConfig, SamplingParams
+
+    decode_batches = []
+
+    class Counting:
+        skinny_linear = native.skinny_linear
+
+        @staticmethod
+        def paged_decode_attention(q, *rest):
+            decode_batches.append(q.shape[0])
+            return native.paged_decode_attention(q, *rest)
+
+    monkeypatch.setattr("batchgen_data.model.native.load_native", lambda: Counting())
+    folder, hf = tiny_checkpoint("mixtral")
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [20, 21, 22], list(range(30, 75)), [100]]
+    engine = Engine(folder, EngineConfig(max_num_seqs=4, block_size=8))
+    outs = engine.generate(prompts, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+    assert [o.token_ids for o in outs] == hf_greedy_continuations(hf, prompts, 12)
+    assert decode_batches and max(decode_batches) == 4
