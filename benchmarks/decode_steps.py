@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/decode_steps.py                 # the engine and the roofline, ~1 min
     .venv/bin/python benchmarks/decode_steps.py --llama-cpp     # + llama.cpp on the same weights
     .venv/bin/python benchmarks/decode_steps.py --profile       # + where a step's time goes
+    .venv/bin/python benchmarks/decode_steps.py --torch-baseline  # + torch's kernels only, same run
 
 The model is ``mixtral_decode`` (``benchmarks/workload.py``): 4 layers, 16 experts (top-2), a
 vocabulary of 8,192, fp32. For every running-set size N the engine takes N rows of
@@ -160,6 +161,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--profile", action="store_true", help="torch profiler breakdown at every size")
     parser.add_argument("--llama-cpp", action="store_true",
                         help="llama.cpp side by side (built once into the cache: minutes the first time)")
+    parser.add_argument("--torch-baseline", action="store_true",
+                        help="first run the engine with torch's kernels only (BATCHGEN_DATA_NATIVE_KERNELS=0, a "
+                             "child process) for a same-run before/after")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="rounds of every system in turn; medians and paired ratios over them")
     parser.add_argument("--out", type=Path, default=Path("runs/decode_steps"))
     args = parser.parse_args(argv)
     sizes = [int(x) for x in args.running.split(",")]
@@ -173,20 +179,28 @@ def main(argv=None) -> dict:
     engine = Engine(folder, EngineConfig(max_num_seqs=max(sizes), max_num_batched_tokens=max(2048, args.prompt_tokens),
                                          collect_timeline=True))
     engine.generate(_prompts(4, 16, mcfg.vocab_size, seed=9), SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
-    rows = [measure_engine(engine, mcfg, n, args.prompt_tokens, args.gen_tokens, bandwidth, gflops) for n in sizes]
+    # Rounds, each running every system once in turn: this machine's memory bandwidth drifts by
+    # tens of percent over minutes, so only ratios within a round compare like with like.
+    rounds = []
+    for r in range(args.repeats):
+        this = {"torch_kernels": _torch_baseline(args, r)["engine"] if args.torch_baseline else []}
+        this["engine"] = [dict(asdict(row), over_roofline=row.over_roofline)
+                          for row in (measure_engine(engine, mcfg, n, args.prompt_tokens, args.gen_tokens, bandwidth,
+                                                     gflops, seed=r) for n in sizes)]
+        if args.llama_cpp:
+            from benchmarks.llama_cpp import llama_cpp_side_by_side
+
+            this["llama_cpp"] = llama_cpp_side_by_side(folder, sizes, args.prompt_tokens, args.gen_tokens,
+                                                       args.threads)
+        rounds.append(this)
+        print(f"round {r + 1}/{args.repeats} done", flush=True)
     profiles = [profile_ops(engine, mcfg, n, args.prompt_tokens) for n in sizes] if args.profile else []
     engine.close()
-    llama = {}
-    if args.llama_cpp:
-        from benchmarks.llama_cpp import llama_cpp_side_by_side
-
-        llama = llama_cpp_side_by_side(folder, sizes, args.prompt_tokens, args.gen_tokens, args.threads)
     result = {
         "cpu": cpu_model(), "threads": args.threads, "torch": torch.__version__,
         "bandwidth_gbs": bandwidth, "gemm_gflops": gflops,
-        "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens,
-        "engine": [dict(asdict(r), over_roofline=r.over_roofline) for r in rows],
-        "profile": profiles, "llama_cpp": llama,
+        "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens, "repeats": args.repeats,
+        **summarize(rounds), "profile": profiles, "rounds": rounds,
     }
     print(format_table(result))
     args.out.mkdir(parents=True, exist_ok=True)
@@ -194,11 +208,65 @@ def main(argv=None) -> dict:
     return result
 
 
+def summarize(rounds: list[dict]) -> dict:
+    """Per running-set size, the round with the median decode rate of each system, and the median
+    over rounds of each same-round ratio to ours (``ours_over``: system -> {size: ratio})."""
+    def by_size(rows: list[dict]) -> dict[int, dict]:
+        return {row["running"]: row for row in rows}
+
+    def median_rows(per_round: list[list[dict]]) -> list[dict]:
+        sizes = sorted({row["running"] for rows in per_round for row in rows})
+        out = []
+        for n in sizes:
+            rows = sorted((by_size(rows)[n] for rows in per_round if n in by_size(rows)),
+                          key=lambda row: row["decode_tokens_per_s"])
+            out.append(rows[(len(rows) - 1) // 2])
+        return out
+
+    def ratios(others: list[list[dict]]) -> dict[int, float]:
+        found: dict[int, list[float]] = {}
+        for ours, theirs in zip((r["engine"] for r in rounds), others):
+            theirs_n = by_size(theirs)
+            for row in ours:
+                if row["running"] in theirs_n:
+                    found.setdefault(row["running"], []).append(
+                        row["decode_tokens_per_s"] / theirs_n[row["running"]]["decode_tokens_per_s"])
+        return {n: statistics.median(v) for n, v in found.items()}
+
+    summary = {"engine": median_rows([r["engine"] for r in rounds]), "ours_over": {}}
+    if rounds and rounds[0].get("torch_kernels"):
+        summary["torch_kernels"] = median_rows([r["torch_kernels"] for r in rounds])
+        summary["ours_over"]["torch_kernels"] = ratios([r["torch_kernels"] for r in rounds])
+    summary["llama_cpp"] = {}
+    for kv in (rounds[0].get("llama_cpp") or {}) if rounds else {}:
+        summary["llama_cpp"][kv] = median_rows([r["llama_cpp"][kv] for r in rounds])
+        summary["ours_over"][f"llama_cpp_{kv}"] = ratios([r["llama_cpp"][kv] for r in rounds])
+    return summary
+
+
+def _torch_baseline(args, round_index: int) -> dict:
+    """This benchmark's engine rows with torch's kernels only, from a child process."""
+    import os
+    import subprocess
+
+    out = args.out / f"torch-kernels-{round_index}"
+    env = dict(os.environ, BATCHGEN_DATA_NATIVE_KERNELS="0")
+    subprocess.run([sys.executable, str(Path(__file__).resolve()), "--running", args.running,
+                    "--prompt-tokens", str(args.prompt_tokens), "--gen-tokens", str(args.gen_tokens),
+                    "--threads", str(args.threads), "--out", str(out)], env=env, check=True)
+    return json.loads((out / "decode_steps.json").read_text())
+
+
 def format_table(result: dict) -> str:
     """Markdown: step time and tok/s against N, beside the roofline and llama.cpp."""
     llama = {kv: {r["running"]: r for r in rows} for kv, rows in result.get("llama_cpp", {}).items()}
+    torch_rows = {r["running"]: r for r in result.get("torch_kernels", [])}
+    over = result.get("ours_over", {})
     head = "| running | step ms | roofline ms | step / roofline | decode tok/s | prefill tok/s |"
     rule = "|---:|---:|---:|---:|---:|---:|"
+    if torch_rows:
+        head += " torch kernels: decode tok/s | native / torch |"
+        rule += "---:|---:|"
     for kv in llama:
         head += f" llama.cpp decode tok/s ({kv} KV) | ours / llama.cpp ({kv}) |"
         rule += "---:|---:|"
@@ -209,10 +277,14 @@ def format_table(result: dict) -> str:
         m = r["module_ms"]
         line = (f"| {r['running']} | {r['step_ms_median']:.2f} | {r['roofline_ms']:.2f} | {r['over_roofline']:.2f} "
                 f"| {r['decode_tokens_per_s']:.0f} | {r['prefill_tokens_per_s']:.0f} |")
+        if torch_rows:
+            before = torch_rows.get(r["running"])
+            ratio = over.get("torch_kernels", {}).get(r["running"])
+            line += f" {before['decode_tokens_per_s']:.0f} | {ratio:.2f} |" if before and ratio else " - | - |"
         for kv in llama:
             theirs = llama[kv].get(r["running"])
-            line += (f" {theirs['decode_tokens_per_s']:.0f} | {r['decode_tokens_per_s'] / theirs['decode_tokens_per_s']:.2f} |"
-                     if theirs else " - | - |")
+            ratio = over.get(f"llama_cpp_{kv}", {}).get(r["running"])
+            line += f" {theirs['decode_tokens_per_s']:.0f} | {ratio:.2f} |" if theirs and ratio else " - | - |"
         line += f" {m['attention']:.2f} / {m['moe']:.2f} / {m['logits']:.2f} / {m['other']:.2f} |"
         lines.append(line)
     for p in result.get("profile", []):

@@ -31,6 +31,13 @@ def _static_choice(rows: int, n: int, k: int) -> str:
     return "weight_left" if rows <= _WEIGHT_LEFT_MAX_ROWS else "linear"
 
 
+def chosen_kernel(rows: int, n: int, k: int) -> str:
+    """The kernel ``linear`` runs for x [rows, k] @ w [n, k].T on CPU in fp32: the plan's, or the
+    static rule's where the plan has no choice for the shape or names a kernel this process lacks."""
+    name = _PLAN.kernel_for(rows, n, k)
+    return name if name in _KERNELS else _static_choice(rows, n, k)
+
+
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ w.T + b`` for x [M, K], w [N, K] -> [M, N], in the fastest GEMM for the shape.
 
@@ -40,9 +47,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
     if x.device.type != "cpu" or x.dim() != 2 or w.dtype != torch.float32:
         return F.linear(x, w, b)
     rows, (n, k) = x.shape[0], w.shape
-    name = _PLAN.kernel_for(rows, n, k)
-    if name not in _KERNELS:  # not planned for this shape, or a kernel this process lacks
-        name = _static_choice(rows, n, k)
+    name = chosen_kernel(rows, n, k)
     if name == "linear":
         return F.linear(x, w, b)
     out = _KERNELS[name](x.contiguous(), w)

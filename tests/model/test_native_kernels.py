@@ -110,13 +110,13 @@ def test_the_switch_turns_the_native_kernels_off(monkeypatch):
         load_native.cache_clear()
 
 
-def test_the_engine_decodes_through_the_native_attention_and_matches_transformers(native, tiny_checkpoint,
+def test_the_engine_decodes_through_the_native_kernels_and_matches_transformers(native, tiny_checkpoint,
                                                                                     monkeypatch):
     from tiny_checkpoints import hf_greedy_continuations
 
     from batchgen_data import Engine, EngineConfig, SamplingParams
 
-    decode_batches = []
+    decode_batches, expert_calls = [], []
 
     class Counting:
         skinny_linear = native.skinny_linear
@@ -126,6 +126,11 @@ def test_the_engine_decodes_through_the_native_attention_and_matches_transformer
             decode_batches.append(q.shape[0])
             return native.paged_decode_attention(q, *rest)
 
+        @staticmethod
+        def swiglu_experts(x_sorted, starts, rows, *weights):
+            expert_calls.append(len(rows))
+            return native.swiglu_experts(x_sorted, starts, rows, *weights)
+
     monkeypatch.setattr("batchgen_data.model.native.load_native", lambda: Counting())
     folder, hf = tiny_checkpoint("mixtral")
     prompts = [[5, 6, 7, 8, 9, 10, 11], [20, 21, 22], list(range(30, 75)), [100]]
@@ -133,3 +138,25 @@ def test_the_engine_decodes_through_the_native_attention_and_matches_transformer
     outs = engine.generate(prompts, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
     assert [o.token_ids for o in outs] == hf_greedy_continuations(hf, prompts, 12)
     assert decode_batches and max(decode_batches) == 4
+    assert expert_calls  # the plan ran the experts' few-row GEMMs on the skinny kernel
+
+
+@settings(max_examples=25, deadline=None)
+@given(counts=st.lists(st.integers(0, 9), min_size=1, max_size=6), hidden=st.integers(1, 40),
+       ffn=st.integers(1, 50), seed=st.integers(0, 2**16))
+def test_swiglu_experts_match_the_torch_loop(native, counts, hidden, ffn, seed):
+    g = torch.Generator().manual_seed(seed)
+    num = len(counts)
+    w_gate_up, w_down = torch.randn(num + 1, 2 * ffn, hidden, generator=g), torch.randn(num + 1, hidden, ffn, generator=g)
+    x_sorted = torch.randn(sum(counts), hidden, generator=g)
+    used = [e for e, n in enumerate(counts) if n]
+    starts = [0]
+    for e in used:
+        starts.append(starts[-1] + counts[e])
+    rows = [e + 1 for e in used]  # rows need not equal expert ids
+    out = native.swiglu_experts(x_sorted, starts, rows, w_gate_up, w_down)
+    expected = torch.zeros_like(x_sorted)
+    for e, lo, hi in zip(used, starts, starts[1:]):
+        gate, up = (x_sorted[lo:hi] @ w_gate_up[e + 1].T).chunk(2, dim=-1)
+        expected[lo:hi] = (F.silu(gate) * up) @ w_down[e + 1].T
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)

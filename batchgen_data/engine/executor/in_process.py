@@ -36,8 +36,7 @@ from batchgen_data.model import ModelConfig, MoEModel
 from batchgen_data.model.gemm_tuning import available_kernels, load_or_tune
 from batchgen_data.model.kv_cache import KVCache
 from batchgen_data.model.layers import use_gemm_plan
-from batchgen_data.model.attention.paged_decode import use_native_decode_attention
-from batchgen_data.model.native import load_native
+from batchgen_data.model.native import load_native, use_native_kernels
 from batchgen_data.model.moe.store import ExpertShard, StreamedStore
 from batchgen_data.paths import cache_dir
 
@@ -79,7 +78,7 @@ class InProcessExecutor:
                                               expert_shard=expert_shard,
                                               weight_memory_bytes=config.weight_memory_bytes)
         _tune_gemms(self.model, config)
-        _use_native_attention(self.model)
+        _use_native_kernels(self.model)
         block_bytes = KVCache.bytes_per_block(self.model.kv_specs, config.block_size)
         self.offload_plan, running = _plan_running_set(self.model, config, block_bytes)
         max_model_len = resolve_max_model_len(config, self.model.config)
@@ -235,10 +234,11 @@ def _tune_gemms(model: MoEModel, config: EngineConfig) -> None:
         use_gemm_plan(load_or_tune(weights, max_rows, cache_dir() / "gemm-plans", kernels), kernels)
 
 
-def _use_native_attention(model: MoEModel) -> None:
-    """Decode attention reads the KV pages in place where the native kernels build (CPU, fp32)."""
+def _use_native_kernels(model: MoEModel) -> None:
+    """Decode attention reads the KV pages in place, and a MoE layer's experts run in one native
+    call for few rows each, where the native kernels build (CPU, fp32)."""
     if model.device.type == "cpu" and model.dtype == torch.float32:
-        use_native_decode_attention(load_native() is not None)
+        use_native_kernels(load_native() is not None)
 
 
 def _plan_running_set(model: MoEModel, config: EngineConfig, block_bytes: int) -> tuple[OffloadPlan | None, int]:

@@ -13,22 +13,11 @@ from collections.abc import Callable
 import torch
 
 from batchgen_data.model.attention.metadata import AttentionMetadata
-
-_ENABLED = {"native": False}
-
-
-def use_native_decode_attention(enabled: bool) -> None:
-    """Turned on by the engine once the native kernels load (``model/native``)."""
-    _ENABLED["native"] = enabled
-
+from batchgen_data.model.native import active_native
 
 def paged_decode_kernel(q: torch.Tensor, pages: torch.Tensor, meta: AttentionMetadata) -> Callable | None:
     """The native decode kernel where it applies to this micro-batch, else None."""
-    if not _ENABLED["native"] or meta.max_query_len != 1:
+    if meta.max_query_len != 1 or q.device.type != "cpu" or q.dtype != torch.float32 or pages.dtype != torch.float32:
         return None
-    if q.device.type != "cpu" or q.dtype != torch.float32 or pages.dtype != torch.float32:
-        return None
-    from batchgen_data.model.native import load_native
-
-    module = load_native()
+    module = active_native()
     return None if module is None else module.paged_decode_attention

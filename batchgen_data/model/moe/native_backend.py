@@ -16,6 +16,7 @@ from batchgen_data.model.moe.experts import (
     SwiGLU,
     expert_ffn,
 )
+from batchgen_data.model.moe.native_experts import fused_swiglu_experts
 from batchgen_data.model.moe.router import Routing
 from batchgen_data.model.moe.store import ExpertStore, in_batches
 
@@ -57,7 +58,9 @@ class NativeExperts:
         if weights is not None and weights.row_of is None:
             y_sorted = self._grouped_mm(x_sorted, counts, weights)
         else:
-            y_sorted = self._loop(x_sorted, count_list, used)
+            y_sorted = fused_swiglu_experts(self.store, self.layer_id, self.activation, x_sorted, count_list, used)
+            if y_sorted is None:
+                y_sorted = self._loop(x_sorted, count_list, used)
         y_sorted = y_sorted * routing.topk_weights.reshape(-1)[order, None]  # [R, H]
         out = torch.zeros_like(x).index_add_(0, token_of_route, y_sorted)  # [T, H]
         return ExpertOutput(hidden=out, tokens_per_expert=counts.cpu())

@@ -10,37 +10,11 @@
 
 #include <cstdint>
 
+#include "simd.h"
+#include "skinny_gemm.h"
+
 namespace {
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-constexpr int64_t kWidth = 16;
-typedef __m512 vec;
-inline vec vzero() { return _mm512_setzero_ps(); }
-inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
-inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
-inline float vsum(vec v) { return _mm512_reduce_add_ps(v); }
-#elif defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-constexpr int64_t kWidth = 8;
-typedef __m256 vec;
-inline vec vzero() { return _mm256_setzero_ps(); }
-inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
-inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline float vsum(vec v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-#else
-constexpr int64_t kWidth = 1;  // portable: the compiler vectorises what it can
-typedef float vec;
-inline vec vzero() { return 0.f; }
-inline vec vload(const float* p) { return *p; }
-inline vec vfma(vec a, vec b, vec c) { return a * b + c; }
-inline float vsum(vec v) { return v; }
-#endif
 
 // y[m, r .. r+4] and y[m+1, r .. r+4]: four w rows against two x rows (8 accumulators).
 inline void four_by_two(const float* const* wr, const float* x0, const float* x1, float* y0, float* y1, int64_t K) {
@@ -109,18 +83,8 @@ inline void one_row(const float* w, const float* x, float* y, int64_t M, int64_t
 
 }  // namespace
 
-torch::Tensor skinny_linear(torch::Tensor x, torch::Tensor w) {
-  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "skinny_linear: x [M, K], w [N, K]");
-  TORCH_CHECK(x.scalar_type() == torch::kFloat && w.scalar_type() == torch::kFloat, "skinny_linear: fp32 only");
-  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "skinny_linear: CPU tensors only");
-  x = x.contiguous();
-  w = w.contiguous();
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  auto y = torch::empty({M, N}, x.options());
-  if (M == 0 || N == 0) return y;
-  const float* xp = x.data_ptr<float>();
-  const float* wp = w.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
+void skinny_into(const float* xp, const float* wp, float* yp, int64_t M, int64_t K, int64_t N) {
+  if (M == 0 || N == 0) return;
   // Whole 4-row groups per task; at least ~64 KiB of w per task, so small weights stay on one thread.
   const int64_t groups = (N + 3) / 4;
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(1, 4 * K));
@@ -135,5 +99,16 @@ torch::Tensor skinny_linear(torch::Tensor x, torch::Tensor w) {
       }
     }
   });
+}
+
+torch::Tensor skinny_linear(torch::Tensor x, torch::Tensor w) {
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "skinny_linear: x [M, K], w [N, K]");
+  TORCH_CHECK(x.scalar_type() == torch::kFloat && w.scalar_type() == torch::kFloat, "skinny_linear: fp32 only");
+  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "skinny_linear: CPU tensors only");
+  x = x.contiguous();
+  w = w.contiguous();
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  auto y = torch::empty({M, N}, x.options());
+  skinny_into(x.data_ptr<float>(), w.data_ptr<float>(), y.data_ptr<float>(), M, K, N);
   return y;
 }
