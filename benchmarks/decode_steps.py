@@ -19,6 +19,7 @@ weights and f32 KV, flash attention off (its exact mode), and its default f16 KV
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import statistics
@@ -118,17 +119,19 @@ def profile_ops(engine: Engine, mcfg: ModelConfig, running: int, prompt_tokens: 
         engine.step()
     for _ in range(5):  # warm
         engine.step()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with _native_kernels_named(), profile(activities=[ProfilerActivity.CPU]) as prof:
         start = time.perf_counter()
         for _ in range(steps):
             engine.step()
         wall = time.perf_counter() - start
     while engine.has_unfinished_requests():
         engine.step()
-    gemm, ops, top = 0.0, 0.0, []
+    gemm, native, ops, top = 0.0, 0.0, 0.0, []
     for event in prof.key_averages():
         self_us = event.self_cpu_time_total
-        if any(k in event.key for k in ("linear", "::mm", "addmm", "bmm", "matmul")):
+        if event.key.startswith("native::"):
+            native += self_us
+        elif any(k in event.key for k in ("linear", "::mm", "addmm", "bmm", "matmul")):
             gemm += self_us
         else:
             ops += self_us
@@ -139,12 +142,48 @@ def profile_ops(engine: Engine, mcfg: ModelConfig, running: int, prompt_tokens: 
         "running": running,
         "step_ms_profiled": 1e3 * wall / steps,
         "gemm_ms": gemm * per_step,
+        "native_ms": native * per_step,
         "other_ops_ms": ops * per_step,
-        "python_and_dispatch_ms": max(0.0, 1e3 * wall / steps - (gemm + ops) * per_step),
+        "python_and_dispatch_ms": max(0.0, 1e3 * wall / steps - (gemm + native + ops) * per_step),
         "ops_per_step": sum(e.count for e in prof.key_averages()) / steps,
         "top_other_ops": [{"op": k, "ms_per_step": us * per_step, "calls_per_step": c / steps}
                           for us, k, c in top[:10]],
     }
+
+
+@contextlib.contextmanager
+def _native_kernels_named():
+    """The compiled kernels under ``native::<name>`` in the profiler (they are not aten ops)."""
+    from torch.profiler import record_function
+
+    from batchgen_data.model import layers
+    from batchgen_data.model.native import load_native
+
+    module = load_native()
+    if module is None:
+        yield
+        return
+
+    def named(name, fn):
+        def call(*args):
+            with record_function(f"native::{name}"):
+                return fn(*args)
+        return call
+
+    names = ("skinny_linear", "swiglu_experts", "paged_decode_attention")
+    saved = {name: getattr(module, name) for name in names}
+    saved_kernel = layers._KERNELS.get("skinny")
+    try:
+        for name in names:
+            setattr(module, name, named(name, saved[name]))
+        if saved_kernel is not None:
+            layers._KERNELS["skinny"] = named("skinny_linear", saved_kernel)
+        yield
+    finally:
+        for name in names:
+            setattr(module, name, saved[name])
+        if saved_kernel is not None:
+            layers._KERNELS["skinny"] = saved_kernel
 
 
 def _prefilling(engine: Engine) -> bool:
@@ -288,9 +327,9 @@ def format_table(result: dict) -> str:
         line += f" {m['attention']:.2f} / {m['moe']:.2f} / {m['logits']:.2f} / {m['other']:.2f} |"
         lines.append(line)
     for p in result.get("profile", []):
-        lines.append(f"\nN={p['running']}: {p['step_ms_profiled']:.2f} ms/step profiled = GEMM {p['gemm_ms']:.2f} "
-                     f"+ other ops {p['other_ops_ms']:.2f} + Python/dispatch {p['python_and_dispatch_ms']:.2f} "
-                     f"({p['ops_per_step']:.0f} ops/step)")
+        lines.append(f"\nN={p['running']}: {p['step_ms_profiled']:.2f} ms/step profiled = torch GEMMs {p['gemm_ms']:.2f} "
+                     f"+ native kernels {p['native_ms']:.2f} + other torch ops {p['other_ops_ms']:.2f} "
+                     f"+ Python/dispatch {p['python_and_dispatch_ms']:.2f} ({p['ops_per_step']:.0f} ops/step)")
         for op in p["top_other_ops"][:6]:
             lines.append(f"    {op['op']}: {op['ms_per_step']:.3f} ms, {op['calls_per_step']:.0f} calls")
     return "\n".join(lines)

@@ -19,11 +19,12 @@ from batchgen_data.model import ModelConfig
 from batchgen_data.model.gemm_tuning import Kernel, available_kernels, time_pass
 
 # The engine's CPU kernels (batchgen_data.model.gemm_tuning), under the names the JSON reports.
-_KERNEL_NAMES = {"linear": "F.linear", "weight_left": "weight-left mm", "onednn": "oneDNN linear"}
+_KERNEL_NAMES = {"linear": "F.linear", "weight_left": "weight-left mm", "onednn": "oneDNN linear",
+                 "skinny": "native skinny"}
 
 
 def _kernels(device) -> dict[str, Kernel]:
-    kernels = available_kernels()
+    kernels = available_kernels(native=str(device) == "cpu")
     if str(device) != "cpu":
         kernels.pop("onednn", None)
     return {_KERNEL_NAMES[name]: kernel for name, kernel in kernels.items()}
