@@ -160,3 +160,47 @@ def test_swiglu_experts_match_the_torch_loop(native, counts, hidden, ffn, seed):
         gate, up = (x_sorted[lo:hi] @ w_gate_up[e + 1].T).chunk(2, dim=-1)
         expected[lo:hi] = (F.silu(gate) * up) @ w_down[e + 1].T
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_bad_indices_are_errors_not_stray_reads(native):
+    pages = torch.randn(4, 8, 2, 16)
+    q = torch.randn(2, 4, 16)
+    good_table, lens = torch.tensor([[0, 1], [2, 3]]), torch.tensor([16, 9])
+    native.paged_decode_attention(q, pages, pages, good_table, lens, 0.25, 0)
+    with pytest.raises(ValueError, match="block beyond the 4 pages"):
+        native.paged_decode_attention(q, pages, pages, torch.tensor([[0, 1], [2, 4]]), lens, 0.25, 0)
+    with pytest.raises(ValueError, match="block table does not name"):
+        native.paged_decode_attention(q, pages, pages, good_table, torch.tensor([16, 17]), 0.25, 0)
+    with pytest.raises(ValueError, match="fp32"):
+        native.paged_decode_attention(q.double(), pages, pages, good_table, lens, 0.25, 0)
+    w_gate_up, w_down, x = torch.randn(2, 6, 4), torch.randn(2, 4, 3), torch.randn(5, 4)
+    native.swiglu_experts(x, [0, 2, 5], [0, 1], w_gate_up, w_down)
+    with pytest.raises(ValueError, match="out of range"):
+        native.swiglu_experts(x, [0, 2, 5], [0, 2], w_gate_up, w_down)
+    with pytest.raises(ValueError, match="out of range"):
+        native.swiglu_experts(x, [0, 2, 6], [0, 1], w_gate_up, w_down)
+    with pytest.raises(ValueError, match="out of range"):
+        native.swiglu_experts(x, [0, 2], [0, 1], w_gate_up, w_down)
+    with pytest.raises(ValueError, match="x \\[M, K\\]"):
+        native.skinny_linear(x, torch.randn(3, 5))
+
+
+def test_a_library_cut_short_is_built_again(tmp_path, monkeypatch):
+    from batchgen_data.model import native as native_pkg
+
+    monkeypatch.setenv("BATCHGEN_DATA_CACHE", str(tmp_path))
+    name = native_pkg.library_name()
+    library = tmp_path / "native-kernels" / name / f"{name}.so"
+    library.parent.mkdir(parents=True)
+    library.write_bytes(b"not a shared library")  # as a build killed while linking leaves it
+    (library.parent / "lock").write_text("")  # and torch's lock file, which nobody will release
+    native_pkg.load_native.cache_clear()
+    try:
+        again = native_pkg.load_native()
+        if again is None:
+            pytest.skip("the native kernels do not build here")
+        assert library.stat().st_size > 1000
+        x, w = torch.randn(2, 8), torch.randn(5, 8)
+        torch.testing.assert_close(again.skinny_linear(x, w), x @ w.T, rtol=1e-5, atol=1e-5)
+    finally:
+        native_pkg.load_native.cache_clear()

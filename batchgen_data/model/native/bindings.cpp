@@ -1,19 +1,42 @@
-// The Python module of the native kernels (one module, built from every source in this folder).
-#include <torch/extension.h>
+// The Python module of the native kernels: raw buffer addresses and sizes in, nothing allocated
+// here (model/native/kernels.py wraps tensors). Only pybind11 and the kernels' own headers are
+// included, so the whole library builds in seconds, not the ~15 s of one torch/extension.h unit.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
+#include <cstdint>
 #include <vector>
 
-torch::Tensor skinny_linear(torch::Tensor x, torch::Tensor w);
-torch::Tensor swiglu_experts(torch::Tensor x_sorted, std::vector<int64_t> starts, std::vector<int64_t> rows,
-                             torch::Tensor w_gate_up, torch::Tensor w_down);
-torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                                     torch::Tensor block_table, torch::Tensor context_lens, double scale,
-                                     int64_t window);
+#include "kernels.h"
+#include "skinny_gemm.h"
+
+namespace py = pybind11;
+
+namespace {
+
+template <typename T>
+T* as(std::uintptr_t address) { return reinterpret_cast<T*>(address); }
+
+}  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("skinny_linear", &skinny_linear, "x [M, K] @ w [N, K]^T for few rows, fp32, CPU");
-  m.def("swiglu_experts", &swiglu_experts,
-        "a layer's routed SwiGLU experts over rows grouped by expert, few rows each, fp32, CPU");
-  m.def("paged_decode_attention", &paged_decode_attention,
-        "one query per sequence [B, Nq, D] over paged KV [blocks, block_size, Nkv, D] -> [B, Nq * D]");
+  m.def("skinny_into", [](std::uintptr_t x, std::uintptr_t w, std::uintptr_t y, int64_t M, int64_t K, int64_t N) {
+    skinny_into(as<const float>(x), as<const float>(w), as<float>(y), M, K, N);
+  }, py::call_guard<py::gil_scoped_release>());
+  m.def("swiglu_experts_into", [](std::uintptr_t x, std::uintptr_t y, int64_t R, int64_t H, int64_t F,
+                                  const std::vector<int64_t>& starts, const std::vector<int64_t>& rows,
+                                  std::uintptr_t w_gate_up, std::uintptr_t w_down, int64_t num_rows) {
+    if (starts.size() != rows.size() + 1) return false;
+    return swiglu_experts_into(as<const float>(x), as<float>(y), R, H, F, starts.data(), rows.data(),
+                               static_cast<int64_t>(rows.size()), as<const float>(w_gate_up), as<const float>(w_down),
+                               num_rows);
+  }, py::call_guard<py::gil_scoped_release>());
+  m.def("paged_decode_attention_into", [](std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t table,
+                                          std::uintptr_t ctx, std::uintptr_t out, int64_t B, int64_t Nq, int64_t D,
+                                          int64_t block_size, int64_t Nkv, int64_t P, int64_t num_blocks, double scale,
+                                          int64_t window) {
+    return paged_decode_attention_into(as<const float>(q), as<const float>(k), as<const float>(v),
+                                       as<const int64_t>(table), as<const int64_t>(ctx), as<float>(out), B, Nq, D,
+                                       block_size, Nkv, P, num_blocks, static_cast<float>(scale), window);
+  }, py::call_guard<py::gil_scoped_release>());
 }

@@ -4,49 +4,35 @@
 // The torch path runs each expert as five ops from Python (two GEMMs, chunk, silu, multiply)
 // plus a copy into the output; at decode's 1-8 rows per expert that per-op cost is a tenth of
 // the layer. Here one call walks the experts, reusing one scratch buffer.
-#include <torch/extension.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
+#include "kernels.h"
 #include "skinny_gemm.h"
 
-// x_sorted [R, H]: the routed rows grouped by expert; starts[i] .. starts[i + 1] are the rows of
-// the i-th listed expert, whose weights are w_gate_up[rows[i]] ([2F, H], gate rows first) and
-// w_down[rows[i]] ([H, F]). Returns y_sorted [R, H].
-torch::Tensor swiglu_experts(torch::Tensor x_sorted, std::vector<int64_t> starts, std::vector<int64_t> rows,
-                             torch::Tensor w_gate_up, torch::Tensor w_down) {
-  TORCH_CHECK(x_sorted.dim() == 2 && w_gate_up.dim() == 3 && w_down.dim() == 3, "swiglu_experts: shapes");
-  TORCH_CHECK(x_sorted.scalar_type() == torch::kFloat && w_gate_up.scalar_type() == torch::kFloat &&
-                  w_down.scalar_type() == torch::kFloat, "swiglu_experts: fp32 only");
-  TORCH_CHECK(starts.size() == rows.size() + 1, "swiglu_experts: starts has one entry more than rows");
-  TORCH_CHECK(w_gate_up.is_contiguous() && w_down.is_contiguous(), "swiglu_experts: contiguous weights");
-  x_sorted = x_sorted.contiguous();
-  const int64_t R = x_sorted.size(0), H = x_sorted.size(1);
-  const int64_t F = w_down.size(2);
-  TORCH_CHECK(w_gate_up.size(1) == 2 * F && w_gate_up.size(2) == H && w_down.size(1) == H, "swiglu_experts: sizes");
-  auto y = torch::zeros({R, H}, x_sorted.options());
+bool swiglu_experts_into(const float* x, float* y, int64_t R, int64_t H, int64_t F, const int64_t* starts,
+                         const int64_t* rows, int64_t num_used, const float* w_gate_up, const float* w_down,
+                         int64_t num_rows) {
+  // Segments in order within [0, R], weight rows that exist: else an error, never a stray access.
+  if (num_used > 0 && (starts[0] < 0 || starts[num_used] > R)) return false;
+  for (int64_t i = 0; i < num_used; ++i)
+    if (starts[i + 1] < starts[i] || rows[i] < 0 || rows[i] >= num_rows) return false;
   int64_t most = 0;
-  for (size_t i = 0; i < rows.size(); ++i) most = std::max(most, starts[i + 1] - starts[i]);
+  for (int64_t i = 0; i < num_used; ++i) most = std::max(most, starts[i + 1] - starts[i]);
   std::vector<float> gate_up(static_cast<size_t>(most * 2 * F)), act(static_cast<size_t>(most * F));
-  const float* x = x_sorted.data_ptr<float>();
-  const float* wgu = w_gate_up.data_ptr<float>();
-  const float* wd = w_down.data_ptr<float>();
-  float* out = y.data_ptr<float>();
-  for (size_t i = 0; i < rows.size(); ++i) {
+  for (int64_t i = 0; i < num_used; ++i) {
     const int64_t lo = starts[i], n = starts[i + 1] - starts[i];
     if (n == 0) continue;
-    TORCH_CHECK(lo >= 0 && starts[i + 1] <= R && rows[i] >= 0 && rows[i] < w_gate_up.size(0), "swiglu_experts: range");
-    skinny_into(x + lo * H, wgu + rows[i] * 2 * F * H, gate_up.data(), n, H, 2 * F);
+    skinny_into(x + lo * H, w_gate_up + rows[i] * 2 * F * H, gate_up.data(), n, H, 2 * F);
     for (int64_t m = 0; m < n; ++m) {
       const float* g = gate_up.data() + m * 2 * F;
       const float* u = g + F;
       float* a = act.data() + m * F;
       for (int64_t f = 0; f < F; ++f) a[f] = g[f] / (1.f + std::exp(-g[f])) * u[f];
     }
-    skinny_into(act.data(), wd + rows[i] * H * F, out + lo * H, n, F, H);
+    skinny_into(act.data(), w_down + rows[i] * H * F, y + lo * H, n, F, H);
   }
-  return y;
+  return true;
 }

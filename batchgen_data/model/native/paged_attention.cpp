@@ -5,7 +5,6 @@
 // sequence, or one KV head of it) walks its block table in token order and reads each key and
 // value once, for all the query heads that share its KV heads (GQA): scores, a max-subtracted
 // softmax in fp32, then the weighted sum of values. Tasks run on ATen's thread pool.
-#include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -14,35 +13,20 @@
 #include <limits>
 #include <vector>
 
+#include "kernels.h"
 #include "simd.h"
 
-torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                                     torch::Tensor block_table, torch::Tensor context_lens, double scale,
-                                     int64_t window) {
-  TORCH_CHECK(q.dim() == 3, "q: [B, Nq, D]");
-  TORCH_CHECK(k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), "KV pages: [blocks, block_size, Nkv, D]");
-  TORCH_CHECK(q.scalar_type() == torch::kFloat && k_cache.scalar_type() == torch::kFloat &&
-                  v_cache.scalar_type() == torch::kFloat, "paged_decode_attention: fp32 only");
-  TORCH_CHECK(block_table.scalar_type() == torch::kLong && context_lens.scalar_type() == torch::kLong,
-              "block_table and context_lens: int64");
-  q = q.contiguous();
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "KV pages must be contiguous");
-  block_table = block_table.contiguous();
-  context_lens = context_lens.contiguous();
-  const int64_t B = q.size(0), Nq = q.size(1), D = q.size(2);
-  const int64_t block_size = k_cache.size(1), Nkv = k_cache.size(2);
-  TORCH_CHECK(k_cache.size(3) == D && Nq % Nkv == 0, "head sizes do not match");
-  const int64_t G = Nq / Nkv, P = block_table.size(1);
-  auto out = torch::empty({B, Nq * D}, q.options());
-  const float* qp = q.data_ptr<float>();
-  const float* kp = k_cache.data_ptr<float>();
-  const float* vp = v_cache.data_ptr<float>();
-  const int64_t* table = block_table.data_ptr<int64_t>();
-  const int64_t* ctx = context_lens.data_ptr<int64_t>();
-  float* op = out.data_ptr<float>();
-  const float sc = static_cast<float>(scale);
+bool paged_decode_attention_into(const float* qp, const float* kp, const float* vp, const int64_t* table,
+                                 const int64_t* ctx, float* op, int64_t B, int64_t Nq, int64_t D, int64_t block_size,
+                                 int64_t Nkv, int64_t P, int64_t num_blocks, float sc, int64_t window) {
+  // Every page a sequence reads must exist: a bad table is an error, never a stray read.
+  for (int64_t b = 0; b < B; ++b) {
+    if (ctx[b] < 0 || ctx[b] > P * block_size) return false;
+    for (int64_t i = 0; i < (ctx[b] + block_size - 1) / block_size; ++i)
+      if (table[b * P + i] < 0 || table[b * P + i] >= num_blocks) return false;
+  }
+  const int64_t G = Nq / Nkv;
   const int64_t token_stride = Nkv * D;  // floats between consecutive tokens of a page
-
   // A task is a sequence with all its KV heads, so each token's record (every head, contiguous
   // in its page) and each page stream in order: the KV of a decode step is cold in cache (the
   // weights streamed through since), and reading one head's slice of every record instead
@@ -102,5 +86,5 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
       }
     }
   });
-  return out;
+  return true;
 }

@@ -3,9 +3,8 @@
 // With few rows a decode GEMM is bound by reading w once from memory. This kernel streams each
 // thread's contiguous slab of w rows exactly once and dots every group of 4 w rows with all M
 // rows of x while the group is in L1 (x stays in L1/L2), with AVX-512 or AVX2 FMAs where the
-// CPU has them (built with -march=native), accumulated in fp32. Threads come from ATen's pool (at::parallel_for), the
-// one every other torch op uses, so no second OpenMP runtime competes for the cores.
-#include <torch/extension.h>
+// CPU has them (built with -march=native), accumulated in fp32. Threads come from ATen's pool
+// (at::parallel_for), the one every other torch op uses, so no second OpenMP runtime competes.
 #include <ATen/Parallel.h>
 
 #include <cstdint>
@@ -14,7 +13,6 @@
 #include "skinny_gemm.h"
 
 namespace {
-
 
 // y[m, r .. r+4] and y[m+1, r .. r+4]: four w rows against two x rows (8 accumulators).
 inline void four_by_two(const float* const* wr, const float* x0, const float* x1, float* y0, float* y1, int64_t K) {
@@ -99,16 +97,4 @@ void skinny_into(const float* xp, const float* wp, float* yp, int64_t M, int64_t
       }
     }
   });
-}
-
-torch::Tensor skinny_linear(torch::Tensor x, torch::Tensor w) {
-  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "skinny_linear: x [M, K], w [N, K]");
-  TORCH_CHECK(x.scalar_type() == torch::kFloat && w.scalar_type() == torch::kFloat, "skinny_linear: fp32 only");
-  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "skinny_linear: CPU tensors only");
-  x = x.contiguous();
-  w = w.contiguous();
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  auto y = torch::empty({M, N}, x.options());
-  skinny_into(x.data_ptr<float>(), w.data_ptr<float>(), y.data_ptr<float>(), M, K, N);
-  return y;
 }

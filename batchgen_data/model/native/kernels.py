@@ -1,0 +1,81 @@
+"""The compiled library's kernels over tensors: shapes checked, outputs allocated here.
+
+The library (``bindings.cpp``) takes raw buffer addresses, so it builds without torch's C++
+headers; every check that keeps it from reading or writing out of bounds is here or, for the
+indices it follows (block tables, expert rows), in the kernel itself, which refuses bad ones.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+
+
+class NativeKernels:
+    """``skinny_linear``, ``swiglu_experts`` and ``paged_decode_attention`` (fp32, CPU)."""
+
+    def __init__(self, library: ModuleType):
+        self.library = library
+
+    def skinny_linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """x [M, K] @ w [N, K].T -> [M, N], row-major (built for M <= 32)."""
+        _check_fp32_cpu(x, w)
+        if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
+            raise ValueError(f"skinny_linear: x [M, K] and w [N, K], got {tuple(x.shape)} and {tuple(w.shape)}")
+        x, w = x.contiguous(), w.contiguous()
+        y = torch.empty(x.shape[0], w.shape[0], dtype=torch.float32)
+        self.library.skinny_into(x.data_ptr(), w.data_ptr(), y.data_ptr(), x.shape[0], x.shape[1], w.shape[0])
+        return y
+
+    def swiglu_experts(self, x_sorted: torch.Tensor, starts: list[int], rows: list[int], w_gate_up: torch.Tensor,
+                       w_down: torch.Tensor) -> torch.Tensor:
+        """y_sorted [R, H] for x_sorted [R, H] grouped by expert: rows ``starts[i]:starts[i + 1]``
+        go through the expert in weight row ``rows[i]`` of w_gate_up [n, 2F, H] and w_down [n, H, F]."""
+        _check_fp32_cpu(x_sorted, w_gate_up, w_down)
+        num, two_f, hidden = w_gate_up.shape
+        if (x_sorted.dim() != 2 or x_sorted.shape[1] != hidden or two_f % 2 or w_down.dim() != 3
+                or tuple(w_down.shape) != (num, hidden, two_f // 2)):
+            raise ValueError(f"swiglu_experts: x [R, H], w_gate_up [n, 2F, H], w_down [n, H, F]; got "
+                             f"{tuple(x_sorted.shape)}, {tuple(w_gate_up.shape)}, {tuple(w_down.shape)}")
+        if not (w_gate_up.is_contiguous() and w_down.is_contiguous()):
+            raise ValueError("swiglu_experts: the stacked expert weights must be contiguous")
+        x_sorted = x_sorted.contiguous()
+        y = torch.zeros_like(x_sorted)
+        if not self.library.swiglu_experts_into(x_sorted.data_ptr(), y.data_ptr(), x_sorted.shape[0], hidden,
+                                                two_f // 2, starts, rows, w_gate_up.data_ptr(), w_down.data_ptr(),
+                                                num):
+            raise ValueError(f"swiglu_experts: segments {starts} or weight rows {rows} out of range "
+                             f"({x_sorted.shape[0]} rows, {num} experts)")
+        return y
+
+    def paged_decode_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                               block_table: torch.Tensor, context_lens: torch.Tensor, scale: float,
+                               window: int) -> torch.Tensor:
+        """One query per sequence, q [B, Nq, D], over KV pages [num_blocks, block_size, Nkv, D]
+        -> [B, Nq * D]; ``window`` 0 attends the whole context."""
+        _check_fp32_cpu(q, k_cache, v_cache)
+        b, nq, d = q.shape
+        num_blocks, block_size, nkv, dk = k_cache.shape
+        if (tuple(v_cache.shape) != tuple(k_cache.shape) or dk != d or nq % nkv or block_table.dim() != 2
+                or block_table.shape[0] != b or tuple(context_lens.shape) != (b,)):
+            raise ValueError(f"paged_decode_attention: q {tuple(q.shape)}, pages {tuple(k_cache.shape)}, "
+                             f"table {tuple(block_table.shape)}, lengths {tuple(context_lens.shape)}")
+        if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+            raise ValueError("paged_decode_attention: the KV pages must be contiguous")
+        if block_table.dtype != torch.int64 or context_lens.dtype != torch.int64:
+            raise ValueError("paged_decode_attention: block_table and context_lens must be int64")
+        q, block_table, context_lens = q.contiguous(), block_table.contiguous(), context_lens.contiguous()
+        out = torch.empty(b, nq * d, dtype=torch.float32)
+        if not self.library.paged_decode_attention_into(
+                q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_table.data_ptr(), context_lens.data_ptr(),
+                out.data_ptr(), b, nq, d, block_size, nkv, block_table.shape[1], num_blocks, float(scale), int(window)):
+            raise ValueError("paged_decode_attention: a context needs a page its block table does not name, or a "
+                             f"block beyond the {num_blocks} pages")
+        return out
+
+
+def _check_fp32_cpu(*tensors: torch.Tensor) -> None:
+    for t in tensors:
+        if t.dtype != torch.float32 or t.device.type != "cpu":
+            raise ValueError(f"native kernels take fp32 CPU tensors, got {t.dtype} on {t.device}")
