@@ -17,15 +17,22 @@ class NativeKernels:
 
     def __init__(self, library: ModuleType):
         self.library = library
+        self._skinny = library.skinny_into
 
     def skinny_linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """x [M, K] @ w [N, K].T -> [M, N], row-major (built for M <= 32)."""
-        _check_fp32_cpu(x, w)
+        """x [M, K] @ w [N, K].T -> [M, N], row-major (built for M <= 32). On the hot path of
+        every decode GEMM: the checks are attribute reads only."""
+        if not (x.dtype is _FP32 and w.dtype is _FP32 and x.is_cpu and w.is_cpu):
+            _check_fp32_cpu(x, w)
         if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
             raise ValueError(f"skinny_linear: x [M, K] and w [N, K], got {tuple(x.shape)} and {tuple(w.shape)}")
-        x, w = x.contiguous(), w.contiguous()
-        y = torch.empty(x.shape[0], w.shape[0], dtype=torch.float32)
-        self.library.skinny_into(x.data_ptr(), w.data_ptr(), y.data_ptr(), x.shape[0], x.shape[1], w.shape[0])
+        if not x.is_contiguous():
+            x = x.contiguous()
+        if not w.is_contiguous():
+            w = w.contiguous()
+        (m, k), n = x.shape, w.shape[0]
+        y = torch.empty((m, n), dtype=_FP32)
+        self._skinny(x.data_ptr(), w.data_ptr(), y.data_ptr(), m, k, n)
         return y
 
     def swiglu_experts(self, x_sorted: torch.Tensor, starts: list[int], rows: list[int], w_gate_up: torch.Tensor,
@@ -73,6 +80,9 @@ class NativeKernels:
             raise ValueError("paged_decode_attention: a context needs a page its block table does not name, or a "
                              f"block beyond the {num_blocks} pages")
         return out
+
+
+_FP32 = torch.float32
 
 
 def _check_fp32_cpu(*tensors: torch.Tensor) -> None:
