@@ -37,7 +37,7 @@ from batchgen_data.hardware import cpu_model  # noqa: E402
 from batchgen_data.model import ModelConfig  # noqa: E402
 from batchgen_data.paths import cache_dir  # noqa: E402
 from benchmarks.roofline import measure_matmul_rates, measure_memory_bandwidth, step_floor_seconds  # noqa: E402
-from benchmarks.workload import BENCH_MODELS, build_bench_model  # noqa: E402
+from benchmarks.workload import BENCH_MODELS, build_bench_model, output_length_quantile  # noqa: E402
 
 MODEL = "mixtral_decode"
 
@@ -103,6 +103,48 @@ def measure_engine(engine: Engine, mcfg: ModelConfig, running: int, prompt_token
         prefill_tokens_per_s=prefill_tokens / sum(s["step_s"] for s in prefill) if prefill else 0.0,
         module_ms=modules,
     )
+
+
+def skewed_lengths(num_rows: int = 64, shortest: int = 4, longest: int = 240) -> list[int]:
+    """Output lengths of a skewed job: the throughput benchmark's trace shape (lognormal body,
+    P99 = 3.8 x P95, max = 9 x P95) scaled to [shortest, longest], in a fixed shuffled order."""
+    raw = [output_length_quantile((i + 0.5) / num_rows, 100) for i in range(num_rows)]
+    low, high = min(raw), max(raw)
+    lengths = [round(shortest + (r - low) / (high - low) * (longest - shortest)) for r in raw]
+    random.Random(0).shuffle(lengths)
+    return lengths
+
+
+def measure_skewed_job(engine: Engine, mcfg: ModelConfig, lengths: list[int], prompt_tokens: int) -> dict:
+    """Wall seconds of one job of ``len(lengths)`` rows, each generating exactly its length."""
+    prompts = _prompts(len(lengths), prompt_tokens, mcfg.vocab_size, seed=7)
+    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in lengths]
+    start = time.perf_counter()
+    outputs = engine.generate(prompts, params)
+    wall = time.perf_counter() - start
+    assert [o.num_generated_tokens for o in outputs] == lengths
+    return {"wall_s": wall, "output_tokens": sum(lengths), "tokens_per_s": sum(lengths) / wall}
+
+
+def llama_cpp_job_estimate(rows: list[dict], lengths: list[int], prompt_tokens: int) -> dict:
+    """llama.cpp's time for the same job from its measured rates, as a server with continuous
+    batching would run it: the prompts prefilled at its rate for that many sequences, then one
+    decode step per token position with every row not yet finished, each step taking its
+    measured step time at that running-set size (linear between the sizes measured). An
+    estimate, not a measurement: ``llama-batched-bench`` generates equal lengths only."""
+    by_size = sorted((r["running"], r["step_ms"]) for r in rows)
+    prefill_rate = min(by_size, key=lambda item: abs(item[0] - len(lengths)))[0]
+    prefill_rate = next(r["prefill_tokens_per_s"] for r in rows if r["running"] == prefill_rate)
+
+    def step_ms(n: int) -> float:
+        for (n0, t0), (n1, t1) in zip(by_size, by_size[1:]):
+            if n0 <= n <= n1:
+                return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
+        return by_size[-1][1] * n / by_size[-1][0] if n > by_size[-1][0] else by_size[0][1]
+
+    decode_s = sum(step_ms(sum(1 for n in lengths if n > t)) for t in range(1, max(lengths))) / 1e3
+    prefill_s = len(lengths) * prompt_tokens / prefill_rate
+    return {"wall_s": prefill_s + decode_s, "prefill_s": prefill_s, "decode_s": decode_s}
 
 
 def profile_ops(engine: Engine, mcfg: ModelConfig, running: int, prompt_tokens: int, steps: int = 40) -> dict:
@@ -203,6 +245,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--torch-baseline", action="store_true",
                         help="first run the engine with torch's kernels only (BATCHGEN_DATA_NATIVE_KERNELS=0, a "
                              "child process) for a same-run before/after")
+    parser.add_argument("--skewed-job", action="store_true",
+                        help="also time one job of max(--running) rows with skewed outputs (4-240 tokens); with "
+                             "--llama-cpp, beside llama.cpp's time estimated from its measured step times")
     parser.add_argument("--repeats", type=int, default=1,
                         help="rounds of every system in turn; medians and paired ratios over them")
     parser.add_argument("--out", type=Path, default=Path("runs/decode_steps"))
@@ -226,11 +271,18 @@ def main(argv=None) -> dict:
         this["engine"] = [dict(asdict(row), over_roofline=row.over_roofline)
                           for row in (measure_engine(engine, mcfg, n, args.prompt_tokens, args.gen_tokens, bandwidth,
                                                      gflops, seed=r) for n in sizes)]
+        if args.skewed_job:
+            this["skewed_job"] = measure_skewed_job(engine, mcfg, skewed_lengths(max(sizes)), args.prompt_tokens)
         if args.llama_cpp:
             from benchmarks.llama_cpp import llama_cpp_side_by_side
 
             this["llama_cpp"] = llama_cpp_side_by_side(folder, sizes, args.prompt_tokens, args.gen_tokens,
                                                        args.threads)
+            if args.skewed_job:
+                estimate = llama_cpp_job_estimate(this["llama_cpp"]["f32"], skewed_lengths(max(sizes)),
+                                                  args.prompt_tokens)
+                this["skewed_job"]["llama_cpp_f32_estimate"] = estimate
+                this["skewed_job"]["ours_over_llama_cpp"] = estimate["wall_s"] / this["skewed_job"]["wall_s"]
         rounds.append(this)
         print(f"round {r + 1}/{args.repeats} done", flush=True)
     profiles = [profile_ops(engine, mcfg, n, args.prompt_tokens) for n in sizes] if args.profile else []
@@ -242,6 +294,14 @@ def main(argv=None) -> dict:
         **summarize(rounds), "profile": profiles, "rounds": rounds,
     }
     print(format_table(result))
+    jobs = [r["skewed_job"] for r in rounds if "skewed_job" in r]
+    if jobs:
+        line = f"skewed job ({max(sizes)} rows, outputs 4-240): {statistics.median(j['wall_s'] for j in jobs):.2f} s"
+        if "ours_over_llama_cpp" in jobs[0]:
+            line += (f"; llama.cpp estimated {statistics.median(j['llama_cpp_f32_estimate']['wall_s'] for j in jobs):.2f} s"
+                     f"; ours / llama.cpp {statistics.median(j['ours_over_llama_cpp'] for j in jobs):.2f}x "
+                     "(median of rounds)")
+        print(line)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "decode_steps.json").write_text(json.dumps(result, indent=2))
     return result

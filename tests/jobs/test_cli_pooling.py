@@ -46,7 +46,9 @@ def test_embed_task_writes_an_embeddings_column(tmp_path, demo_path):
         [expected] = engine.embed([row["prompt"]], params)
         assert out["__inference_error__"] is None and out["finish_reason"] == "stop"
         assert out["num_generated_tokens"] == 0 and out["generated_text"] == ""
-        np.testing.assert_allclose(out["embeddings"], np.float32(expected.embeddings), atol=1e-5)
+        # Batched with other rows, a prompt's GEMMs may run on another kernel (the plan picks one per
+        # row count), so the two agree to fp32 rounding (~3e-5 relative), not bit for bit.
+        np.testing.assert_allclose(out["embeddings"], np.float32(expected.embeddings), rtol=1e-4, atol=1e-5)
 
 
 def test_classify_task_writes_probabilities_and_needs_a_head(tmp_path, demo_path):
