@@ -148,8 +148,11 @@ def test_ctrl_c_after_the_work_still_exits_130(monkeypatch, tmp_path):
 
     monkeypatch.setattr(runner, "run_job", run_then_interrupt)
     (tmp_path / "in.jsonl").write_text(json.dumps({"prompt": "Hello"}) + "\n")
+    # Whatever handled SIGINT before (Python's default, or SIG_IGN in a process started in the
+    # background by a shell without job control) is back afterwards.
+    before = signal.getsignal(signal.SIGINT)
     assert main(["run", str(tmp_path / "in.jsonl"), str(tmp_path / "out"), "--max-tokens", "2", *ENGINE_ARGS]) == 130
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the CLI's handler is gone
+    assert signal.getsignal(signal.SIGINT) is before  # the CLI's handler is gone
 
 
 _TRIAGE = ("You are a support triage assistant for an online shop. Read the customer ticket below and "

@@ -21,6 +21,7 @@ import importlib.util
 import logging
 import os
 import platform
+import shutil
 import time
 from pathlib import Path
 from types import ModuleType
@@ -116,8 +117,14 @@ def _build(name: str, folder: Path) -> ModuleType:
     from torch.utils.cpp_extension import load
 
     (folder / "lock").unlink(missing_ok=True)  # torch's lock, stale if a build was killed: we hold ours
-    return load(name=name, sources=[str(path) for path in _SOURCES], build_directory=str(folder),
-                extra_cflags=_CFLAGS, verbose=False)
+    module = load(name=name, sources=[str(path) for path in _SOURCES], build_directory=str(folder),
+                  extra_cflags=_CFLAGS, verbose=False)
+    built, expected = Path(module.__file__), folder / f"{name}.so"
+    if built != expected:  # torch names a second build of one name in a process "<name>_v1"
+        staging = folder / f".{name}.{os.getpid()}.so"
+        shutil.copyfile(built, staging)
+        os.replace(staging, expected)  # where later processes look (``_import_built``)
+    return module
 
 
 _ACTIVE = {"on": False}
