@@ -8,6 +8,7 @@ import torch
 
 from batchgen_data.model.attention.metadata import AttentionBatch
 from batchgen_data.model.attention.spec import AttentionLayer, LayerKV
+from batchgen_data.model.fused_decode import fused_attention_block, fused_moe_block
 from batchgen_data.model.layers import GatedMLP, SharedExpert, rms_norm
 from batchgen_data.model.moe.experts import ExpertBackend
 from batchgen_data.model.moe.router import Router
@@ -39,11 +40,19 @@ class DecoderLayer:
     eps: float
 
     def attention_block(self, h: torch.Tensor, batch: AttentionBatch, kv: LayerKV) -> torch.Tensor:
-        """Residual attention sub-block: h + attn(norm(h)), attention per micro-batch of ``batch``."""
+        """Residual attention sub-block: h + attn(norm(h)), attention per micro-batch of ``batch``
+        (in one native call for a few decoding tokens, ``model/fused_decode.py``)."""
+        fused = fused_attention_block(self, h, batch, kv)
+        if fused is not None:
+            return fused
         return h + self.attention(rms_norm(h, self.input_norm, self.eps), batch, kv)
 
     def ffn_block(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Residual FFN sub-block: h + moe(norm(h)); also the tokens per expert (None if dense)."""
+        if isinstance(self.ffn, MoEBlock):
+            fused = fused_moe_block(self, h)
+            if fused is not None:
+                return fused
         x = rms_norm(h, self.post_attention_norm, self.eps)
         if isinstance(self.ffn, MoEBlock):
             out, counts = self.ffn(x)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -112,35 +110,42 @@ def test_the_switch_turns_the_native_kernels_off(monkeypatch):
         load_native.cache_clear()
 
 
-def test_the_engine_decodes_through_the_native_kernels_and_matches_transformers(native, tiny_checkpoint,
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])  # q/k head norm in the second
+def test_the_engine_decodes_through_the_native_kernels_and_matches_transformers(native, tiny_checkpoint, arch,
                                                                                     monkeypatch):
     from tiny_checkpoints import hf_greedy_continuations
 
     from batchgen_data import Engine, EngineConfig, SamplingParams
 
-    decode_batches, expert_calls = [], []
+    fused_blocks = []
+
+    class CountingLayer:
+        @staticmethod
+        def attention_block(h, *rest):
+            fused_blocks.append(("attention", h.shape[0]))
+            return native.decode_layer.attention_block(h, *rest)
+
+        @staticmethod
+        def moe_block(h, *rest):
+            fused_blocks.append(("moe", h.shape[0]))
+            return native.decode_layer.moe_block(h, *rest)
 
     class Counting:
         skinny_linear = native.skinny_linear
+        paged_decode_attention = native.paged_decode_attention  # decoders in a step with prefill
+        decode_layer = CountingLayer()
 
-        @staticmethod
-        def paged_decode_attention(q, *rest):
-            decode_batches.append(q.shape[0])
-            return native.paged_decode_attention(q, *rest)
-
-        @staticmethod
-        def swiglu_experts(x_sorted, starts, rows, *weights):
-            expert_calls.append(len(rows))
-            return native.swiglu_experts(x_sorted, starts, rows, *weights)
+        swiglu_experts = native.swiglu_experts
 
     monkeypatch.setattr("batchgen_data.model.native.load_native", lambda: Counting())
-    folder, hf = tiny_checkpoint("mixtral")
+    folder, hf = tiny_checkpoint(arch)
     prompts = [[5, 6, 7, 8, 9, 10, 11], [20, 21, 22], list(range(30, 75)), [100]]
     engine = Engine(folder, EngineConfig(max_num_seqs=4, block_size=8))
     outs = engine.generate(prompts, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
     assert [o.token_ids for o in outs] == hf_greedy_continuations(hf, prompts, 12)
-    assert decode_batches and max(decode_batches) == 4
-    assert expert_calls  # the plan ran the experts' few-row GEMMs on the skinny kernel
+    # Decode steps of up to 8 rows ran each block in one call (fused_decode.MAX_TOKENS); prefill
+    # took the torch path.
+    assert {kind for kind, _ in fused_blocks} == {"attention", "moe"} and max(n for _, n in fused_blocks) == 4
 
 
 @settings(max_examples=25, deadline=None)
@@ -202,8 +207,39 @@ def test_a_library_cut_short_is_built_again(tmp_path, monkeypatch):
         if again is None:
             pytest.skip("the native kernels do not build here")
         assert library.stat().st_size > 1000  # rebuilt where later processes look for it
-        assert Path(again.library.__file__).parent == library.parent
         x, w = torch.randn(2, 8), torch.randn(5, 8)
         torch.testing.assert_close(again.skinny_linear(x, w), x @ w.T, rtol=1e-5, atol=1e-5)
     finally:
         native_pkg.load_native.cache_clear()
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
+def test_the_fused_decode_blocks_match_the_torch_path(native, tiny_checkpoint, arch):
+    from batchgen_data.model import MoEModel
+    from batchgen_data.model.attention.metadata import AttentionBatch, build_attention_metadata
+    from batchgen_data.model.native import _ACTIVE, use_native_kernels
+
+    folder, _ = tiny_checkpoint(arch)
+    model = MoEModel.from_pretrained(folder)
+    g = torch.Generator().manual_seed(0)
+    contexts, tables = [5, 9, 17], [[0, 1], [2, 3, 4], [5, 6, 7, 8, 9]]  # each sequence decodes one token
+    batch = AttentionBatch.combine([build_attention_metadata([1, 1, 1], contexts, tables, 4)], model.rotary,
+                                   torch.float32)
+    h = torch.randn(3, model.config.hidden_size, generator=g)
+    was = _ACTIVE["on"]
+    try:
+        for layer in model.layers:
+            pages = [torch.randn(12, 4, *shape, generator=g) for shape in layer.attention.kv_spec.shapes]
+            results = {}
+            for on in (False, True):
+                use_native_kernels(on)
+                kv = tuple(p.clone() for p in pages)
+                results[on] = (layer.attention_block(h, batch, kv), kv, *layer.ffn_block(h))
+            (ref, ref_kv, ref_ffn, ref_counts), (out, out_kv, out_ffn, out_counts) = results[False], results[True]
+            torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+            for ours, theirs in zip(out_kv, ref_kv):  # the new K/V in their slots, the rest untouched
+                torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(out_ffn, ref_ffn, rtol=1e-4, atol=1e-5)
+            assert (out_counts is None and ref_counts is None) or out_counts.tolist() == ref_counts.tolist()
+    finally:
+        use_native_kernels(was)

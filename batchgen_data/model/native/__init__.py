@@ -35,7 +35,8 @@ from batchgen_data.paths import cache_dir
 logger = logging.getLogger(__name__)
 
 _SOURCES = [Path(__file__).with_name(name) for name in ("skinny_gemm.cpp", "expert_swiglu.cpp",
-                                                       "paged_attention.cpp", "bindings.cpp")]
+                                                       "paged_attention.cpp", "decode_layer.cpp",
+                                                       "bindings.cpp")]
 _HEADERS = [Path(__file__).with_name(name) for name in ("simd.h", "skinny_gemm.h", "kernels.h")]
 ENV_SWITCH = "BATCHGEN_DATA_NATIVE_KERNELS"  # "0" keeps torch's kernels only
 
@@ -45,6 +46,8 @@ def native_enabled() -> bool:
 
 
 _CFLAGS = ["-O3", "-march=native",
+           # no fused multiply-adds beyond the explicit ones: a*b + c rounds twice, as in torch
+           "-ffp-contract=off",
            # for ATen's header-only parallel_for; its GOMP symbols resolve to the OpenMP runtime
            # torch already loaded (no second runtime is linked)
            "-fopenmp"]

@@ -31,6 +31,29 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                static_cast<int64_t>(rows.size()), as<const float>(w_gate_up), as<const float>(w_down),
                                num_rows);
   }, py::call_guard<py::gil_scoped_release>());
+  m.def("attention_block_decode", [](std::uintptr_t h, std::uintptr_t h_out, int64_t T, int64_t H,
+                                     std::uintptr_t norm_w, double eps, std::uintptr_t w_qkv, int64_t Nq, int64_t Nkv,
+                                     int64_t D, std::uintptr_t q_norm, std::uintptr_t k_norm, std::uintptr_t cos,
+                                     std::uintptr_t sin, std::uintptr_t slots, std::uintptr_t k_cache,
+                                     std::uintptr_t v_cache, int64_t num_blocks, int64_t block_size,
+                                     std::uintptr_t table, std::uintptr_t ctx, int64_t P, std::uintptr_t w_o,
+                                     double scale, int64_t window) {
+    return attention_block_decode(as<const float>(h), as<float>(h_out), T, H, as<const float>(norm_w),
+                                  static_cast<float>(eps), as<const float>(w_qkv), Nq, Nkv, D, as<const float>(q_norm),
+                                  as<const float>(k_norm), as<const float>(cos), as<const float>(sin),
+                                  as<const int64_t>(slots), as<float>(k_cache), as<float>(v_cache), num_blocks,
+                                  block_size, as<const int64_t>(table), as<const int64_t>(ctx), P,
+                                  as<const float>(w_o), static_cast<float>(scale), window);
+  }, py::call_guard<py::gil_scoped_release>());
+  m.def("moe_block_decode", [](std::uintptr_t h, std::uintptr_t h_out, int64_t T, int64_t H, std::uintptr_t norm_w,
+                               double eps, std::uintptr_t w_router, int64_t E, int64_t K, bool renormalize,
+                               std::uintptr_t w_gate_up, std::uintptr_t w_down, int64_t F, std::uintptr_t row_of,
+                               int64_t num_rows, std::uintptr_t counts) {
+    return moe_block_decode(as<const float>(h), as<float>(h_out), T, H, as<const float>(norm_w),
+                            static_cast<float>(eps), as<const float>(w_router), E, K, renormalize,
+                            as<const float>(w_gate_up), as<const float>(w_down), F, as<const int64_t>(row_of),
+                            num_rows, as<int64_t>(counts));
+  }, py::call_guard<py::gil_scoped_release>());
   m.def("paged_decode_attention_into", [](std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t table,
                                           std::uintptr_t ctx, std::uintptr_t out, int64_t B, int64_t Nq, int64_t D,
                                           int64_t block_size, int64_t Nkv, int64_t P, int64_t num_blocks, double scale,

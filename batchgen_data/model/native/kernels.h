@@ -12,6 +12,10 @@ bool swiglu_experts_into(const float* x, float* y, int64_t R, int64_t H, int64_t
                          const int64_t* rows, int64_t num_used, const float* w_gate_up, const float* w_down,
                          int64_t num_rows);
 
+// Every page the B contexts need is named in table [B, P] and exists.
+bool pages_valid(const int64_t* table, const int64_t* ctx, int64_t B, int64_t P, int64_t block_size,
+                 int64_t num_blocks);
+
 // out [B, Nq * D]: one query per sequence (q [B, Nq, D]) over paged KV ([num_blocks,
 // block_size, Nkv, D] each), block_table [B, P], context_lens [B]; window 0 = none. False
 // (nothing computed) where a context needs a page beyond the table or a block that does not exist.
@@ -19,3 +23,22 @@ bool paged_decode_attention_into(const float* q, const float* k_cache, const flo
                                  const int64_t* context_lens, float* out, int64_t B, int64_t Nq, int64_t D,
                                  int64_t block_size, int64_t Nkv, int64_t P, int64_t num_blocks, float scale,
                                  int64_t window);
+
+// h_out = h + attention(rms_norm(h)) for T decoding tokens (one per sequence, sequence t's KV
+// in table row t): QKV, per-head q/k RMSNorm when q_norm/k_norm are given (else nullptr),
+// rotate-half RoPE over all D dims (cos/sin [T, D]), the new K/V written to slots[t], paged
+// attention, O. False (nothing written) for a slot, page or block out of range.
+bool attention_block_decode(const float* h, float* h_out, int64_t T, int64_t H, const float* norm_w, float eps,
+                            const float* w_qkv, int64_t Nq, int64_t Nkv, int64_t D, const float* q_norm,
+                            const float* k_norm, const float* cos, const float* sin, const int64_t* slots,
+                            float* k_cache, float* v_cache, int64_t num_blocks, int64_t block_size,
+                            const int64_t* table, const int64_t* ctx, int64_t P, const float* w_o, float scale,
+                            int64_t window);
+
+// h_out = h + MoE(rms_norm(h)) for T tokens: the softmax_topk router (w_router [E, H]), SwiGLU
+// experts in rows row_of[e] (-1: not held) of w_gate_up [num_rows, 2F, H] and w_down
+// [num_rows, H, F]; counts [E] gets the routed tokens per expert. False for a routed expert
+// that is not held or rows out of range.
+bool moe_block_decode(const float* h, float* h_out, int64_t T, int64_t H, const float* norm_w, float eps,
+                      const float* w_router, int64_t E, int64_t K, bool renormalize, const float* w_gate_up,
+                      const float* w_down, int64_t F, const int64_t* row_of, int64_t num_rows, int64_t* counts);

@@ -18,6 +18,7 @@ class NativeKernels:
     def __init__(self, library: ModuleType):
         self.library = library
         self._skinny = library.skinny_into
+        self.decode_layer = DecodeLayerKernels(library)
 
     def skinny_linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """x [M, K] @ w [N, K].T -> [M, N], row-major (built for M <= 32). On the hot path of
@@ -89,3 +90,45 @@ def _check_fp32_cpu(*tensors: torch.Tensor) -> None:
     for t in tensors:
         if t.dtype != torch.float32 or t.device.type != "cpu":
             raise ValueError(f"native kernels take fp32 CPU tensors, got {t.dtype} on {t.device}")
+
+
+def _address(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
+class DecodeLayerKernels:
+    """A decoder layer's attention and MoE blocks for a few decoding tokens, one call each
+    (``decode_layer.cpp``); the caller (``model/fused_decode.py``) has checked that the layer's
+    options are the ones the kernels implement and that every tensor is fp32, CPU and contiguous."""
+
+    def __init__(self, library: ModuleType):
+        self.library = library
+
+    def attention_block(self, h: torch.Tensor, norm_w: torch.Tensor, eps: float, w_qkv: torch.Tensor, num_heads: int,
+                        num_kv_heads: int, head_dim: int, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
+                        cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor, k_cache: torch.Tensor,
+                        v_cache: torch.Tensor, block_table: torch.Tensor, context_lens: torch.Tensor,
+                        w_o: torch.Tensor, scale: float, window: int) -> torch.Tensor:
+        tokens, hidden = h.shape
+        out = torch.empty_like(h)
+        if not self.library.attention_block_decode(
+                h.data_ptr(), out.data_ptr(), tokens, hidden, norm_w.data_ptr(), eps, w_qkv.data_ptr(), num_heads,
+                num_kv_heads, head_dim, _address(q_norm), _address(k_norm), cos.data_ptr(), sin.data_ptr(),
+                slots.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[0], k_cache.shape[1],
+                block_table.data_ptr(), context_lens.data_ptr(), block_table.shape[1], w_o.data_ptr(), scale, window):
+            raise ValueError("attention_block_decode: a KV slot, page or block out of range")
+        return out
+
+    def moe_block(self, h: torch.Tensor, norm_w: torch.Tensor, eps: float, w_router: torch.Tensor, top_k: int,
+                  renormalize: bool, w_gate_up: torch.Tensor, w_down: torch.Tensor, row_of: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens, hidden = h.shape
+        num_experts = w_router.shape[0]
+        out = torch.empty_like(h)
+        counts = torch.empty(num_experts, dtype=torch.int64)
+        if not self.library.moe_block_decode(
+                h.data_ptr(), out.data_ptr(), tokens, hidden, norm_w.data_ptr(), eps, w_router.data_ptr(),
+                num_experts, top_k, renormalize, w_gate_up.data_ptr(), w_down.data_ptr(), w_down.shape[2],
+                row_of.data_ptr(), w_gate_up.shape[0], counts.data_ptr()):
+            raise ValueError("moe_block_decode: a routed expert is not held here, or top_k is out of range")
+        return out, counts

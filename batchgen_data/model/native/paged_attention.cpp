@@ -16,15 +16,21 @@
 #include "kernels.h"
 #include "simd.h"
 
-bool paged_decode_attention_into(const float* qp, const float* kp, const float* vp, const int64_t* table,
-                                 const int64_t* ctx, float* op, int64_t B, int64_t Nq, int64_t D, int64_t block_size,
-                                 int64_t Nkv, int64_t P, int64_t num_blocks, float sc, int64_t window) {
+bool pages_valid(const int64_t* table, const int64_t* ctx, int64_t B, int64_t P, int64_t block_size,
+                 int64_t num_blocks) {
   // Every page a sequence reads must exist: a bad table is an error, never a stray read.
   for (int64_t b = 0; b < B; ++b) {
     if (ctx[b] < 0 || ctx[b] > P * block_size) return false;
     for (int64_t i = 0; i < (ctx[b] + block_size - 1) / block_size; ++i)
       if (table[b * P + i] < 0 || table[b * P + i] >= num_blocks) return false;
   }
+  return true;
+}
+
+bool paged_decode_attention_into(const float* qp, const float* kp, const float* vp, const int64_t* table,
+                                 const int64_t* ctx, float* op, int64_t B, int64_t Nq, int64_t D, int64_t block_size,
+                                 int64_t Nkv, int64_t P, int64_t num_blocks, float sc, int64_t window) {
+  if (!pages_valid(table, ctx, B, P, block_size, num_blocks)) return false;
   const int64_t G = Nq / Nkv;
   const int64_t token_stride = Nkv * D;  // floats between consecutive tokens of a page
   // A task is a sequence with all its KV heads, so each token's record (every head, contiguous
