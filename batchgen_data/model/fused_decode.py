@@ -1,6 +1,6 @@
 """A decoder layer's blocks in one native call each, for decode steps with few running sequences.
 
-At one to eight running sequences a step is bound by streaming weights and by ~65 small torch
+At one to a few running sequences a step is bound by streaming weights and by ~65 small torch
 ops per layer (RMSNorm as five, RoPE as seven per tensor, the KV write, routing's argsort,
 bincount and index_add, ...), each 1-5 us: a third of the step. ``decode_layer.cpp`` runs each
 residual block in one call where the layer is one whose options it implements:
@@ -25,7 +25,9 @@ from batchgen_data.model.moe.experts import SwiGLU
 from batchgen_data.model.moe.native_backend import NativeExperts
 from batchgen_data.model.native import active_native
 
-MAX_TOKENS = 8  # above this the blocks' own GEMMs dwarf the per-op cost
+# The skinny kernel's row limit; the gain shrinks with the tokens (same-process A/B on the decode
+# benchmark model: 1.26-1.37x at 1 token, 1.04-1.07x at 8, 1.03x at 16 and 32).
+MAX_TOKENS = 32
 
 
 def fused_attention_block(layer, h: torch.Tensor, batch: AttentionBatch, kv) -> torch.Tensor | None:

@@ -213,8 +213,8 @@ def test_a_library_cut_short_is_built_again(tmp_path, monkeypatch):
         native_pkg.load_native.cache_clear()
 
 
-@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
-def test_the_fused_decode_blocks_match_the_torch_path(native, tiny_checkpoint, arch):
+@pytest.mark.parametrize("arch,num_seqs", [("mixtral", 3), ("qwen3_moe", 3), ("mixtral", 13)])
+def test_the_fused_decode_blocks_match_the_torch_path(native, tiny_checkpoint, arch, num_seqs):
     from batchgen_data.model import MoEModel
     from batchgen_data.model.attention.metadata import AttentionBatch, build_attention_metadata
     from batchgen_data.model.native import _ACTIVE, use_native_kernels
@@ -222,14 +222,16 @@ def test_the_fused_decode_blocks_match_the_torch_path(native, tiny_checkpoint, a
     folder, _ = tiny_checkpoint(arch)
     model = MoEModel.from_pretrained(folder)
     g = torch.Generator().manual_seed(0)
-    contexts, tables = [5, 9, 17], [[0, 1], [2, 3, 4], [5, 6, 7, 8, 9]]  # each sequence decodes one token
-    batch = AttentionBatch.combine([build_attention_metadata([1, 1, 1], contexts, tables, 4)], model.rotary,
+    contexts = [int(c) for c in torch.randint(1, 18, (num_seqs,), generator=g)]  # each decodes one token
+    blocks = torch.randperm(6 * num_seqs, generator=g).tolist()  # pages in any order
+    tables = [blocks[5 * i : 5 * i + -(-c // 4)] for i, c in enumerate(contexts)]
+    batch = AttentionBatch.combine([build_attention_metadata([1] * num_seqs, contexts, tables, 4)], model.rotary,
                                    torch.float32)
-    h = torch.randn(3, model.config.hidden_size, generator=g)
+    h = torch.randn(num_seqs, model.config.hidden_size, generator=g)
     was = _ACTIVE["on"]
     try:
         for layer in model.layers:
-            pages = [torch.randn(12, 4, *shape, generator=g) for shape in layer.attention.kv_spec.shapes]
+            pages = [torch.randn(6 * num_seqs, 4, *shape, generator=g) for shape in layer.attention.kv_spec.shapes]
             results = {}
             for on in (False, True):
                 use_native_kernels(on)
