@@ -53,3 +53,13 @@ def test_the_key_follows_what_changes_a_step_and_ignores_what_does_not(engine):
         assert calibration_key(engine) != key  # how a step runs
     finally:
         engine.config = same
+
+
+def test_a_flat_line_on_a_cpu_is_measured_once_more(engine, monkeypatch):
+    """Actors calibrating side by side on 2 cores once timed 16 sequences no slower than 2."""
+    from batchgen_data.engine.migration import calibration
+    from batchgen_data.engine.migration.step_model import StepModel
+
+    lines = [StepModel(0.004, 0.0), StepModel(0.004, 0.0004)]
+    monkeypatch.setattr(calibration, "calibrate", lambda timer, sizes, max_s: lines.pop(0))
+    assert calibration.calibrate_engine(engine).model.per_seq_s == 0.0004 and not lines
