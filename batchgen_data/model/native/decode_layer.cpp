@@ -137,14 +137,8 @@ bool moe_block_decode(const float* h, float* h_out, int64_t T, int64_t H, const 
     const int64_t n = static_cast<int64_t>(tokens.size());
     for (int64_t i = 0; i < n; ++i) std::copy(x.data() + tokens[i] * H, x.data() + (tokens[i] + 1) * H, xs.data() + i * H);
     const int64_t row = row_of[e];
-    skinny_into(xs.data(), w_gate_up + row * 2 * F * H, gate_up.data(), n, H, 2 * F);
-    for (int64_t i = 0; i < n; ++i) {
-      const float* g = gate_up.data() + i * 2 * F;
-      const float* u = g + F;
-      float* a = act.data() + i * F;
-      for (int64_t f = 0; f < F; ++f) a[f] = g[f] / (1.f + std::exp(-g[f])) * u[f];
-    }
-    skinny_into(act.data(), w_down + row * H * F, y.data(), n, F, H);
+    swiglu_expert_into(xs.data(), y.data(), n, H, F, w_gate_up + row * 2 * F * H, w_down + row * H * F,
+                       gate_up.data(), act.data());
     for (int64_t i = 0; i < n; ++i) {
       float* out = acc.data() + tokens[i] * H;
       const float* yi = y.data() + i * H;

@@ -12,6 +12,18 @@
 #include "kernels.h"
 #include "skinny_gemm.h"
 
+void swiglu_expert_into(const float* x, float* y, int64_t n, int64_t H, int64_t F, const float* w_gate_up,
+                        const float* w_down, float* gate_up, float* act) {
+  skinny_into(x, w_gate_up, gate_up, n, H, 2 * F);
+  for (int64_t m = 0; m < n; ++m) {
+    const float* g = gate_up + m * 2 * F;
+    const float* u = g + F;
+    float* a = act + m * F;
+    for (int64_t f = 0; f < F; ++f) a[f] = g[f] / (1.f + std::exp(-g[f])) * u[f];
+  }
+  skinny_into(act, w_down, y, n, F, H);
+}
+
 bool swiglu_experts_into(const float* x, float* y, int64_t R, int64_t H, int64_t F, const int64_t* starts,
                          const int64_t* rows, int64_t num_used, const float* w_gate_up, const float* w_down,
                          int64_t num_rows) {
@@ -25,14 +37,8 @@ bool swiglu_experts_into(const float* x, float* y, int64_t R, int64_t H, int64_t
   for (int64_t i = 0; i < num_used; ++i) {
     const int64_t lo = starts[i], n = starts[i + 1] - starts[i];
     if (n == 0) continue;
-    skinny_into(x + lo * H, w_gate_up + rows[i] * 2 * F * H, gate_up.data(), n, H, 2 * F);
-    for (int64_t m = 0; m < n; ++m) {
-      const float* g = gate_up.data() + m * 2 * F;
-      const float* u = g + F;
-      float* a = act.data() + m * F;
-      for (int64_t f = 0; f < F; ++f) a[f] = g[f] / (1.f + std::exp(-g[f])) * u[f];
-    }
-    skinny_into(act.data(), w_down + rows[i] * H * F, y + lo * H, n, F, H);
+    swiglu_expert_into(x + lo * H, y + lo * H, n, H, F, w_gate_up + rows[i] * 2 * F * H, w_down + rows[i] * H * F,
+                       gate_up.data(), act.data());
   }
   return true;
 }

@@ -4,6 +4,11 @@
 
 #include <cstdint>
 
+// One SwiGLU expert on n rows: y [n, H] = (silu(x Wg^T) * x Wu^T) Wd^T, w_gate_up [2F, H] (gate
+// rows first), w_down [H, F]; gate_up [n, 2F] and act [n, F] are scratch.
+void swiglu_expert_into(const float* x, float* y, int64_t n, int64_t H, int64_t F, const float* w_gate_up,
+                        const float* w_down, float* gate_up, float* act);
+
 // y_sorted [R, H] for x_sorted [R, H] grouped by expert: starts[0..num_used] are the segment
 // bounds, rows[i] the weight row of the i-th segment's expert in w_gate_up [num_rows, 2F, H]
 // (gate rows first) and w_down [num_rows, H, F]. False (nothing computed) for bounds or rows
