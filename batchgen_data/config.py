@@ -17,6 +17,10 @@ SUSPEND_POLICIES = ("most_progress", "shortest_first")
 # vLLM's ``prefix_caching_hash_algo`` values this engine implements (``engine/core/kv_manager.py``).
 PREFIX_CACHING_HASH_ALGOS = ("sha256",)
 RESUME_MODES = ("recompute", "swap")
+# How expert-parallel ranks start (vLLM's ``distributed_executor_backend``; None: Ray when it is
+# initialized here) and Ray's placement group strategies for Ray-placed ranks.
+DISTRIBUTED_EXECUTOR_BACKENDS = (None, "mp", "ray")
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 
 @dataclass(slots=True)
@@ -63,6 +67,22 @@ class EngineConfig:
             ``r*t .. r*t+t-1``, t = threads per rank), so a rank woken from a collective does not
             wait for a core. None binds unless the engine runs inside a Ray worker, where
             several actors may share a node's CPUs; set False when several engines share them.
+        distributed_executor_backend (str | None, default None): how the expert-parallel ranks
+            start (vLLM's name): ``"mp"``, as child processes of this process on this node
+            (rendezvous on the loopback address); ``"ray"``, as Ray actors placed by one
+            placement group of N bundles, which may span machines (rank 0 publishes its node's
+            address; ``docs/architecture.md``, "Expert parallelism"); None: ``"ray"`` when Ray is
+            initialized in this process (a Ray Data actor, ``--workers``, ``--address``, a
+            driver that called ``ray.init``), else ``"mp"``. With ``"ray"`` and Ray not yet
+            initialized, ``ray.init()`` joins ``RAY_ADDRESS`` or starts a local Ray, as vLLM does.
+        placement_strategy (str, default "PACK"): with Ray-placed ranks, the placement group's
+            strategy: ``"PACK"`` (as few nodes as fit), ``"SPREAD"``, ``"STRICT_PACK"`` (one
+            node) or ``"STRICT_SPREAD"`` (one rank per node). Ray Data LLM's
+            ``placement_group_config["strategy"]`` sets it.
+        rank_resources (dict | None, default None): with Ray-placed ranks, one rank's bundle,
+            e.g. ``{"CPU": 4, "GPU": 1}`` (custom resources allowed); None: ``{"CPU": 1}``, plus
+            ``{"GPU": 1}`` on CUDA. A rank runs ``max(1, int(CPU))`` torch threads. Ray Data
+            LLM's ``placement_group_config["bundles"]`` sets it.
         weight_memory_bytes (int | None, default None): bytes the model's weights may take in
             memory (on a GPU, GPU memory); None keeps every weight resident. Otherwise the
             dense weights (attention, norms, routers, shared experts, dense layers, embeddings,
@@ -117,6 +137,9 @@ class EngineConfig:
     expert_parallel_size: int = 1
     rank_timeout_s: float = 120.0
     bind_rank_cpus: bool | None = None
+    distributed_executor_backend: str | None = None
+    placement_strategy: str = "PACK"
+    rank_resources: dict | None = None
     weight_memory_bytes: int | None = None
     enable_prefix_caching: bool = True
     prefix_caching_hash_algo: str = "sha256"
@@ -159,6 +182,16 @@ class EngineConfig:
         share = self.memory_utilization
         if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1):
             raise ConfigError(f"memory_utilization must be None or in (0, 1], got {share!r}")
+        if self.distributed_executor_backend not in DISTRIBUTED_EXECUTOR_BACKENDS:
+            raise ConfigError(f"distributed_executor_backend must be one of {DISTRIBUTED_EXECUTOR_BACKENDS}, "
+                              f"got {self.distributed_executor_backend!r}")
+        if self.placement_strategy not in PLACEMENT_STRATEGIES:
+            raise ConfigError(f"placement_strategy must be one of {PLACEMENT_STRATEGIES}, "
+                              f"got {self.placement_strategy!r}")
+        bundle = self.rank_resources
+        if bundle is not None and not _valid_bundle(bundle):
+            raise ConfigError(f"rank_resources must map resource names to numbers >= 0, at least one > 0 "
+                              f"(one rank's placement group bundle, e.g. {{'CPU': 1, 'GPU': 1}}), got {bundle!r}")
         if self.expert_backend not in ("native", "deepspeed"):
             raise ConfigError(f"expert_backend must be 'native' or 'deepspeed', got {self.expert_backend!r}")
 
@@ -181,3 +214,12 @@ class EngineConfig:
         if self.dtype == "auto":
             return torch.bfloat16 if device.type == "cuda" else torch.float32
         return getattr(torch, self.dtype)
+
+
+def _valid_bundle(bundle) -> bool:
+    if not isinstance(bundle, dict) or not bundle:
+        return False
+    amounts = list(bundle.values())
+    return (all(isinstance(k, str) for k in bundle)
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in amounts)
+            and any(v > 0 for v in amounts))

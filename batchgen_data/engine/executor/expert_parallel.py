@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 from batchgen_data.config import EngineConfig
 from batchgen_data.engine.executor.comm_time import split_comm_time
-from batchgen_data.engine.executor.rank_group import RankGroup
+from batchgen_data.engine.executor.rank_backend import start_rank_group
 from batchgen_data.engine.core.progress import RequestProgress, SeqProgress
 from batchgen_data.engine.core.request import NewRequest
 from batchgen_data.engine.core.sequence import SequenceState, SequenceStatus
@@ -50,7 +50,8 @@ _MAX_RANK_MOVES = 2
 
 
 class ExpertParallelExecutor:
-    """``config.expert_parallel_size`` rank processes in lockstep (see the module NOTE)."""
+    """``config.expert_parallel_size`` ranks in lockstep, local processes or Ray actors
+    (``rank_backend.py``; see the module NOTE)."""
 
     def __init__(self, model_path: str | os.PathLike, config: EngineConfig, model_config: ModelConfig,
                  clock: Callable[[], float]):
@@ -60,7 +61,7 @@ class ExpertParallelExecutor:
         ExpertShard(0, world).owned(model_config.num_experts)  # ConfigError unless N divides E
         self.config = config
         self._clock = clock
-        self.group = RankGroup(model_path, config, world)
+        self.group = start_rank_group(model_path, config, world)
         first = self.group.ready[0]
         self._num_kv_blocks, self._block_size = first.num_kv_blocks, first.block_size  # what a request must fit
         self._kv_bytes_per_token = first.kv_bytes_per_token

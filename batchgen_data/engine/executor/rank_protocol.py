@@ -28,6 +28,8 @@ class RankSetup:
     world_size: int
     master_port: int
     num_threads: int
+    master_addr: str = "127.0.0.1"  # rank 0's node address (its routable IP when ranks are Ray actors)
+    device_index: int | None = None  # the CUDA device this rank uses; None: its rank (local ranks)
 
 
 @dataclass(slots=True)

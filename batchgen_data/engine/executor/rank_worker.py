@@ -80,10 +80,11 @@ class RankWorker:
         config = EngineConfig(**setup.config)
         if config.bind_rank_cpus and config.resolve_device().type == "cpu":
             pin_to_cpus(setup.rank, setup.num_threads)
-        _join_process_group(setup, config)
+        self.control_group = _join_process_group(setup, config)
         if config.resolve_device().type == "cuda":
-            torch.cuda.set_device(setup.rank)
-            config.device = f"cuda:{setup.rank}"
+            index = setup.rank if setup.device_index is None else setup.device_index
+            torch.cuda.set_device(index)
+            config.device = f"cuda:{index}"
         self.rank = setup.rank
         self._start = time.perf_counter()
         model_config = ModelConfig.from_pretrained(setup.model_path)
@@ -93,6 +94,9 @@ class RankWorker:
         self.live: dict[int, RequestProgress] = {}  # request id -> its last published progress
         self.num_migrated_in = self.num_migrated_out = 0
         self.busy_s = 0.0
+        import torch.distributed as dist
+
+        dist.barrier(group=self.control_group)  # every rank loaded and reachable before any reports ready
 
     def _now(self) -> float:
         return time.perf_counter() - self._start
@@ -194,17 +198,25 @@ class RankWorker:
         )
 
 
-def _join_process_group(setup: RankSetup, config) -> None:
-    """``deepspeed.init_distributed`` over this node's loopback, with the collective timeout."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(setup.master_port), RANK=str(setup.rank),
-                      LOCAL_RANK=str(setup.rank), WORLD_SIZE=str(setup.world_size))
+def _join_process_group(setup: RankSetup, config):
+    """``deepspeed.init_distributed`` at rank 0's address (the loopback for local ranks, its
+    node's IP for Ray-placed ones), with the collective timeout; returns the gloo group for
+    control messages (the default group on CPU, a gloo group beside NCCL on CUDA).
+
+    Every rank calls this, and later builds DeepSpeed's expert-parallel groups, in the same
+    order: ``torch.distributed`` matches groups by the order of their creation."""
+    local = setup.rank if setup.device_index is None else setup.device_index
+    os.environ.update(MASTER_ADDR=setup.master_addr, MASTER_PORT=str(setup.master_port), RANK=str(setup.rank),
+                      LOCAL_RANK=str(local), WORLD_SIZE=str(setup.world_size))
     import deepspeed
+    import torch.distributed as dist
     from deepspeed.utils import logger as deepspeed_logger
 
     deepspeed_logger.setLevel(logging.WARNING)
     backend = "nccl" if config.resolve_device().type == "cuda" else "gloo"
-    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False,
-                               timeout=timedelta(seconds=config.rank_timeout_s))
+    timeout = timedelta(seconds=config.rank_timeout_s)
+    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, timeout=timeout)
+    return dist.new_group(backend="gloo", timeout=timeout) if backend == "nccl" else None
 
 
 if __name__ == "__main__":
