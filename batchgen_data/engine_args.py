@@ -97,9 +97,31 @@ def _parallel(name: str) -> Apply:
     return apply
 
 
+def _executor_backend(value: Any, kwargs: dict, model: str | None) -> dict:
+    """vLLM's backends: ``mp`` and ``ray`` start the expert-parallel ranks (with one rank there
+    is nothing to start: no-op); ``uni`` and ``external_launcher`` (one process) are refused
+    only where there are ranks."""
+    if value in (None, "mp", "ray"):
+        return {"distributed_executor_backend": value} if value and _ranks(kwargs) > 1 else {}
+    if value in ("uni", "external_launcher"):
+        if _ranks(kwargs) > 1:
+            raise ConfigError(f"distributed_executor_backend={value!r} runs one process, but this engine has "
+                              f"{_ranks(kwargs)} expert-parallel ranks: use 'mp' (local processes) or 'ray' (Ray actors)")
+        return {}
+    raise ConfigError(f"distributed_executor_backend={value!r}: use 'mp' (ranks as local processes) or 'ray' "
+                      "(ranks as Ray actors in a placement group)")
+
+
 def _expert_parallel(value: Any, kwargs: dict, model: str | None) -> dict:
     num_ranks = (kwargs.get("tensor_parallel_size") or 1) * (kwargs.get("data_parallel_size") or 1)
     return {"expert_parallel_size": num_ranks} if value and num_ranks > 1 else {}
+
+
+def _ranks(kwargs: dict) -> int:
+    """The expert-parallel ranks these kwargs ask for (vLLM's names or ours)."""
+    if kwargs.get("expert_parallel_size"):
+        return kwargs["expert_parallel_size"]
+    return _expert_parallel(kwargs.get("enable_expert_parallel"), kwargs, None).get("expert_parallel_size", 1)
 
 
 def _chunked_prefill(value: Any, kwargs: dict, model: str | None) -> dict:
@@ -170,8 +192,10 @@ ENGINE_ARGS: tuple[EngineArg, ...] = (
     EngineArg("disable_log_stats", _N, "-", "stats are read with `Engine.stats()`, not logged", _ignore),
     EngineArg("disable_log_requests", _N, "-", "requests are not logged", _ignore),
     EngineArg("enable_log_requests", _N, "-", "requests are not logged", _ignore),
-    EngineArg("distributed_executor_backend", _N, "-",
-              "the engine spawns its own expert-parallel ranks; Ray actors are `concurrency`", _ignore),
+    EngineArg("distributed_executor_backend", _M, "`distributed_executor_backend`: mp, ray (uni, "
+              "external_launcher: accepted with one rank)", "how expert-parallel ranks start: `mp` local "
+              "processes, `ray` Ray actors in one placement group (default: Ray when it is initialized)",
+              _executor_backend),
     EngineArg("trust_remote_code", _N, "-", "checkpoints load with this package's model code; no remote code runs",
               _ignore),
     EngineArg("tokenizer_mode", _N, "auto, hf", "the model folder's tokenizer loads with transformers' "

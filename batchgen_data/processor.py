@@ -86,10 +86,12 @@ class BatchGenProcessorConfig:
             ``Engine.stats()`` and the stage's stats report, not Prometheus.
         dynamic_lora_loading_path (str | None): refused unless None when the processor is built
             (no LoRA adapters).
-        placement_group_config (dict | None): one worker's bundle (``bundle_per_worker``, or one
-            entry in ``bundles``) is accepted: an engine is one actor, sized by ``num_cpus`` /
-            ``accelerator_type``; bundles for several workers (tensor / pipeline parallel
-            workers) are refused when the processor is built.
+        placement_group_config (dict | None): with ``expert_parallel_size`` N > 1, the
+            placement group of each engine's rank actors: ``bundles`` (N equal bundles, or one)
+            or ``bundle_per_worker`` is one rank's (``EngineConfig.rank_resources``) and
+            ``strategy`` the group's (``EngineConfig.placement_strategy``). With one rank, one
+            bundle is accepted (the engine is one actor, sized by ``num_cpus`` /
+            ``accelerator_type``); other shapes are refused when the processor is built.
         experimental (dict | None): older Ray's home of ``max_tasks_in_flight_per_actor``.
         model (str | None): older Ray's name for ``model_source``.
         resources_per_bundle (dict | None): older Ray's engine bundle; accepted, as
@@ -212,11 +214,31 @@ class BatchGenProcessorConfig:
         unknown = sorted(set(self.experimental or {}) - {"max_tasks_in_flight_per_actor"})
         if unknown:
             raise ConfigError(f"unknown experimental keys {unknown}; known: ['max_tasks_in_flight_per_actor']")
-        bundles = (self.placement_group_config or {}).get("bundles")
-        if bundles is not None and len(bundles) > 1:
-            raise ConfigError(f"placement_group_config with {len(bundles)} bundles (one per tensor/pipeline parallel "
-                              "worker): an engine is one actor here; use engine_kwargs expert_parallel_size=N for "
-                              "expert parallelism")
+        self.rank_placement()
+
+    def rank_placement(self) -> dict:
+        """The ``EngineConfig`` fields ``placement_group_config`` sets for expert-parallel ranks
+        (``rank_resources``, ``placement_strategy``): with ``expert_parallel_size`` N > 1 its
+        bundles are the ranks' (N equal bundles, one bundle, or ``bundle_per_worker``); with one
+        rank, one bundle is the engine actor's, as before. Anything else is a ``ConfigError``."""
+        group = self.placement_group_config or {}
+        ranks = to_engine_config(self.engine_kwargs_here(), self.model_source).expert_parallel_size
+        bundles = group.get("bundles")
+        if group.get("bundle_per_worker") is not None:
+            bundles = [group["bundle_per_worker"]]
+        if bundles is not None and len(bundles) > 1 and (len(bundles) != ranks or any(b != bundles[0] for b in bundles)):
+            raise ConfigError(f"placement_group_config with {len(bundles)} bundles: with expert_parallel_size={ranks} "
+                              f"it takes {ranks} equal bundles (one per expert-parallel rank) or one; an engine "
+                              "is one actor here, so tensor/pipeline parallel workers have no bundles (use "
+                              "engine_kwargs expert_parallel_size=N for expert parallelism)")
+        if ranks == 1:
+            return {}
+        fields: dict[str, Any] = {}
+        if bundles:
+            fields["rank_resources"] = dict(bundles[0])
+        if group.get("strategy") is not None:
+            fields["placement_strategy"] = group["strategy"]
+        return fields
 
     def operator_kwargs(self, chat_template_kwargs: dict | None = None) -> dict:
         """``BatchGenOperator`` constructor arguments for this config (``chat_template_kwargs``:
@@ -224,7 +246,8 @@ class BatchGenProcessorConfig:
         chat = self.chat_template_stage
         kwargs: dict[str, Any] = {
             "model": chat.model_source or self.model_source,
-            "engine_config": engine_config_fields(self.engine_kwargs_here(), self.model_source),
+            "engine_config": {**engine_config_fields(self.engine_kwargs_here(), self.model_source),
+                              **self.rank_placement()},
             "should_continue_on_error": self.should_continue_on_error,
             "chat_template": chat.chat_template,
             "chat_template_kwargs": chat.chat_template_kwargs if chat.chat_template_kwargs is not None

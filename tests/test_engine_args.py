@@ -54,6 +54,17 @@ def test_no_ops_are_accepted_and_change_nothing():
     assert to_engine_config(kwargs, model_source="demo") == EngineConfig()
 
 
+def test_distributed_executor_backend_says_how_expert_parallel_ranks_start():
+    ranks = {"enable_expert_parallel": True, "tensor_parallel_size": 2}
+    assert to_engine_config({**ranks, "distributed_executor_backend": "ray"}).distributed_executor_backend == "ray"
+    assert to_engine_config({**ranks, "distributed_executor_backend": "mp"}).distributed_executor_backend == "mp"
+    assert to_engine_config({"distributed_executor_backend": "uni"}) == EngineConfig()  # one process: nothing to start
+    with pytest.raises(ConfigError, match="runs one process, but this engine has 2 expert-parallel ranks"):
+        to_engine_config({"expert_parallel_size": 2, "distributed_executor_backend": "uni"})
+    with pytest.raises(ConfigError, match="use 'mp' .* or 'ray'"):
+        to_engine_config({"distributed_executor_backend": "slurm"})
+
+
 def test_gpu_memory_utilization_is_the_share_for_weights_and_kv():
     assert to_engine_config({"gpu_memory_utilization": 0.85}).memory_utilization == 0.85
     with pytest.raises(ConfigError, match="gpu_memory_utilization must be in"):

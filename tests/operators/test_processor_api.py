@@ -148,3 +148,22 @@ def test_older_ray_names_are_read():
     assert config.model_source == "demo" and config.operator_kwargs()["engine_config"] == {}
     with pytest.raises(ConfigError, match="mm_processor_kwargs.*multimodal"):
         build_processor(vLLMEngineProcessorConfig(engine_kwargs={"mm_processor_kwargs": {"x": 1}}))
+
+
+def test_placement_group_config_sizes_the_expert_parallel_ranks():
+    """Ray Data LLM's placement_group_config: with expert_parallel_size N its N equal bundles (or
+    one, or bundle_per_worker) are each rank's bundle and its strategy the ranks' group's."""
+    def placement(ranks, group):
+        return vLLMEngineProcessorConfig(engine_kwargs={"expert_parallel_size": ranks},
+                                         placement_group_config=group).rank_placement()
+
+    assert placement(2, {"bundles": [{"CPU": 2, "GPU": 1}] * 2, "strategy": "STRICT_SPREAD"}) == {
+        "rank_resources": {"CPU": 2, "GPU": 1}, "placement_strategy": "STRICT_SPREAD"}
+    assert placement(4, {"bundle_per_worker": {"CPU": 1}}) == {"rank_resources": {"CPU": 1}}
+    assert placement(1, {"bundles": [{"CPU": 1}]}) == {}  # one rank: the bundle is the actor's
+    with pytest.raises(ConfigError, match="takes 2 equal bundles"):
+        placement(2, {"bundles": [{"CPU": 1}, {"CPU": 2}]})
+    config = vLLMEngineProcessorConfig(engine_kwargs={"enable_expert_parallel": True, "tensor_parallel_size": 2},
+                                       placement_group_config={"bundles": [{"CPU": 1}] * 2, "strategy": "SPREAD"})
+    assert config.operator_kwargs()["engine_config"] == {"expert_parallel_size": 2, "rank_resources": {"CPU": 1},
+                                                         "placement_strategy": "SPREAD"}

@@ -57,10 +57,17 @@ def test_two_actors_and_parquet_roundtrip(ray_cluster, demo_path, reference_outp
 
 
 def test_one_actor_over_two_expert_parallel_ranks(ray_cluster, demo_path, reference_outputs):
-    """The actor's engine spreads the experts over two rank processes of its own: every row once,
-    the same rows as one process gives (the actor's fractional CPU is shared by its ranks)."""
+    """The actor's engine spreads the experts over two rank actors in a placement group of its
+    own (Ray is initialized in the actor: Ray-placed ranks, sized by Ray Data LLM's
+    placement_group_config): every row once, the same rows as one process gives."""
+    from batchgen_data.processor import vLLMEngineProcessorConfig
+
     rows = mixed_rows()
-    config = {**ENGINE_CONFIG, "expert_parallel_size": 2}
+    placement = vLLMEngineProcessorConfig(
+        engine_kwargs={"expert_parallel_size": 2},
+        placement_group_config={"bundles": [{"CPU": 0.25}] * 2, "strategy": "PACK"}).rank_placement()
+    assert placement == {"rank_resources": {"CPU": 0.25}, "placement_strategy": "PACK"}
+    config = {**ENGINE_CONFIG, "expert_parallel_size": 2, **placement}
     out = _run(ray.data.from_items(rows), demo_path, engine_config=config).take_all()
     assert sorted(r["id"] for r in out) == sorted(r["id"] for r in rows)
     check_output_rows(out, reference_outputs)

@@ -1,0 +1,43 @@
+"""How Ray-placed ranks are checked against a cluster and numbered (no Ray started)."""
+
+from __future__ import annotations
+
+import pytest
+
+from batchgen_data import ConfigError, EngineConfig
+from batchgen_data.engine.executor.rank_actor import RankPlace
+from batchgen_data.engine.executor.rank_backend import rank_backend
+from batchgen_data.engine.executor.ray_rank_group import bundles_per_node, check_placeable, node_order, rank_bundle
+
+NODES = [{"CPU": 8.0, "GPU": 2.0}, {"CPU": 4.0, "GPU": 4.0}, {"CPU": 1.0}]
+
+
+def test_bundles_per_node_counts_whole_bundles_by_the_scarcest_resource():
+    assert bundles_per_node({"CPU": 2, "GPU": 1}, NODES) == [2, 2, 0]
+    assert bundles_per_node({"CPU": 0.5}, NODES) == [16, 8, 2]
+    assert bundles_per_node({"CPU": 1, "ep_slot": 1}, NODES) == [0, 0, 0]
+
+
+@pytest.mark.parametrize(("ranks", "strategy", "fits"), [
+    (4, "PACK", True), (5, "PACK", False), (2, "STRICT_PACK", True), (3, "STRICT_PACK", False),
+    (2, "STRICT_SPREAD", True), (3, "STRICT_SPREAD", False), (4, "SPREAD", True),
+])
+def test_a_group_is_refused_only_when_no_state_of_the_cluster_holds_it(ranks, strategy, fits):
+    bundle = {"CPU": 2, "GPU": 1}
+    if fits:
+        check_placeable(bundle, ranks, strategy, NODES)
+    else:
+        with pytest.raises(ConfigError, match=r"do not fit this Ray cluster: its 3 node\(s\) hold \[2, 2, 0\]"):
+            check_placeable(bundle, ranks, strategy, NODES)
+
+
+def test_ranks_are_numbered_by_node_so_a_nodes_ranks_are_consecutive():
+    places = [RankPlace(node, "10.0.0.1", pid) for pid, node in enumerate(["b", "a", "b", "c", "a"])]
+    assert node_order(places) == [0, 2, 1, 4, 3]  # node b first (bundle 0), then a, then c
+
+
+def test_the_default_bundle_and_backend():
+    assert rank_bundle(EngineConfig(device="cpu")) == {"CPU": 1.0}
+    assert rank_bundle(EngineConfig(rank_resources={"CPU": 3, "GPU": 1})) == {"CPU": 3, "GPU": 1}
+    assert rank_backend(EngineConfig(distributed_executor_backend="mp")) == "mp"
+    assert rank_backend(EngineConfig(distributed_executor_backend="ray")) == "ray"
