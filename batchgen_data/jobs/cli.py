@@ -126,10 +126,27 @@ def build_parser() -> argparse.ArgumentParser:
     dist.add_argument("--max-concurrent-batches", type=int, default=4,
                       help="batches in flight per actor")
     dist.add_argument("--cpus-per-worker", type=float, default=None)
+    dist.add_argument("--placement-strategy", choices=("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
+                      default="PACK", help="with --expert-parallel-size N on Ray: how each engine's N rank "
+                                           "actors are placed (one placement group per engine)")
+    dist.add_argument("--cpus-per-rank", type=float, default=None,
+                      help="with --expert-parallel-size N on Ray: CPUs in each rank's bundle (default 1 on "
+                           "--address clusters; on the local Ray, a share of what the engine actors leave)")
+    dist.add_argument("--gpus-per-rank", type=float, default=None,
+                      help="GPUs in each rank's bundle (default 1 with --device cuda, else 0)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--fail-on-error", action="store_true",
                      help="stop at the first bad row instead of writing error rows")
     return parser
+
+
+def _rank_resources(args) -> dict | None:
+    """One rank's bundle from --cpus-per-rank / --gpus-per-rank (None: the engine's default)."""
+    if args.cpus_per_rank is None and args.gpus_per_rank is None:
+        return None
+    gpus = args.gpus_per_rank if args.gpus_per_rank is not None else float(args.device.startswith("cuda"))
+    bundle = {"CPU": 1.0 if args.cpus_per_rank is None else args.cpus_per_rank}
+    return {**bundle, "GPU": gpus} if gpus else bundle
 
 
 def _byte_size(text: str) -> int:
@@ -218,7 +235,9 @@ def _main(argv: list[str] | None) -> int:
                                        expert_backend=args.expert_backend,
                                        expert_parallel_size=args.expert_parallel_size,
                                        weight_memory_bytes=args.weight_memory,
-                                       enable_prefix_caching=args.enable_prefix_caching),
+                                       enable_prefix_caching=args.enable_prefix_caching,
+                                       placement_strategy=args.placement_strategy,
+                                       rank_resources=_rank_resources(args)),
             task_type=args.task,
             prompt_column=args.prompt_column,
             prompt_template=_read_template(args.prompt_template),

@@ -170,12 +170,20 @@ def _run_ray(spec, stage, tables, pending: list[Part], progress, summary) -> Non
             table = tables[part.file_index].slice(part.start_row, part.num_rows)
             table = table.append_column(_PART_COLUMN, pa.array([index] * part.num_rows, pa.int64()))
             blocks.append(table.append_column(_ROW_COLUMN, pa.array(range(part.num_rows), pa.int64())))
+        total = ray.cluster_resources().get("CPU", 1)
+        engine = stage.engine_config
+        ranks = engine.expert_parallel_size if engine is not None else 1
         cpus = spec.cpus_per_worker
-        if cpus is None:
+        if cpus is None and ranks > 1:
+            cpus = 0.25  # the engine actor steers its rank actors, which do the compute
+        elif cpus is None:
             # Leave a CPU for Ray Data's read and bookkeeping tasks: on small machines whole-CPU
             # actors starve them and the pipeline hangs without an error.
-            total = ray.cluster_resources().get("CPU", 1)
             cpus = max(0.25, min(1.0, (total - 1) / spec.workers))
+        if ranks > 1 and engine.rank_resources is None and not spec.address:
+            # The local Ray: the ranks share what the engine actors and Ray Data's tasks leave.
+            share = max(0.1, int(20 * (total - 1 - spec.workers * cpus) / (spec.workers * ranks)) / 20)
+            stage = replace(stage, engine_config=replace(engine, rank_resources={"CPU": share}))
         operator_kwargs = _operator_kwargs(stage)
         ds = ray.data.from_arrow(blocks).map_batches(
             BatchGenOperator,

@@ -191,6 +191,38 @@ def test_two_replicas_of_two_ray_ranks_rebalance_skew_across_replicas(cluster, m
     assert counters["num_moves_planned"] == counters["num_migrated"], counters
 
 
+def test_cli_job_on_a_cluster_runs_its_engines_over_ray_placed_ranks(cluster, mixtral, tmp_path):
+    """``--address`` (here: the Ray this process joined) with ``--workers 2`` and
+    ``--expert-parallel-size 2``: two engine actors over two rank actors each; every row once
+    with the tokens of one process."""
+    import pyarrow.parquet as pq
+
+    from batchgen_data.jobs.cli import main
+
+    folder, _ = mixtral
+    rows = [{"id": i, "prompt": f"Ticket {i}: the parcel arrived {'late' if i % 2 else 'broken'}."} for i in range(8)]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    expected = _reference(folder, [{**r, "sampling_params": {"max_tokens": 6, "ignore_eos": True}} for r in rows])
+    before = set(_rank_pids())
+    seen: set[int] = set()
+    thread, box = run_in_thread(lambda: main([
+        "run", str(tmp_path / "in.jsonl"), str(tmp_path / "out"), "--model", str(folder), "--max-tokens", "6",
+        "--ignore-eos", "--temperature", "0", "--no-progress", "--workers", "2", "--batch-size", "4",
+        "--address", cluster.address, "--expert-parallel-size", "2", "--cpus-per-rank", "0.25",
+        "--placement-strategy", "SPREAD"]))
+    try:
+        while thread.is_alive():
+            seen |= set(_rank_pids()) - before
+            thread.join(0.2)
+    finally:
+        _reap([p for p in _rank_pids() if p not in before])
+    assert box.get("result") == 0, box
+    got = [r for p in sorted((tmp_path / "out").glob("part-*")) for r in pq.read_table(p).to_pylist()]
+    assert sorted(r["id"] for r in got) == [r["id"] for r in rows]
+    assert {r["id"]: list(r["generated_tokens"]) for r in got} == expected
+    assert len(seen) >= 2, "the engines ran no rank actors"
+
+
 def test_removing_a_ranks_node_mid_job_ends_its_group_and_keeps_every_row_once(cluster, mixtral):
     """One engine actor over two ranks on two nodes; one of those nodes goes away mid-job. The
     surviving rank's collective fails, the group ends (no rank left), the actor exits and Ray
