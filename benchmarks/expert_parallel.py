@@ -1,6 +1,7 @@
 """Expert-parallel benchmark: the same skewed workload at 1 rank and at N ranks, in one run.
 
     .venv/bin/python benchmarks/expert_parallel.py              # CPU, N = 2, ~5 min
+    .venv/bin/python benchmarks/expert_parallel.py --ranks ray,local --requests 96   # Ray-placed vs local ranks
     bash benchmarks/expert_parallel_gpu.sh                       # 8 GPUs, NCCL, bf16 (untested)
 
 For each size it reports output tokens/s, the share of the ranks' step time spent in the MoE
@@ -88,9 +89,23 @@ def run(folder: Path, workload, ranks: int, args) -> dict:
     return result
 
 
+def _ranks(text: str) -> int | list[str]:
+    """``--ranks``: an expert-parallel size, or which ways of starting ranks to compare."""
+    if text.isdigit():
+        return int(text)
+    names = text.split(",")
+    if not names or any(n not in ("ray", "local") for n in names):
+        raise argparse.ArgumentTypeError(f"--ranks takes an int or ray, local, ray,local; got {text!r}")
+    return names
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ranks", type=int, default=2, help="the expert-parallel size compared with 1")
+    parser.add_argument("--ranks", type=_ranks, default=2,
+                        help="an int: the expert-parallel size compared with 1; 'ray', 'local' or 'ray,local': "
+                             "how --size ranks start, compared (benchmarks/rank_placement.py)")
+    parser.add_argument("--size", type=int, default=2, help="with --ranks ray|local: the expert-parallel size")
+    parser.add_argument("--reps", type=int, default=3, help="with --ranks ray|local: repetitions (median)")
     parser.add_argument("--arch", choices=sorted(BENCH_MODELS), default="mixtral")
     parser.add_argument("--requests", type=int, default=256)
     parser.add_argument("--p95-output", type=int, default=64)
@@ -115,6 +130,10 @@ def main(argv=None) -> dict:
           f"{sum(mcfg.is_sparse_layer(i) for i in range(mcfg.num_hidden_layers))} MoE layers; {args.requests} requests, "
           f"output tokens {sum(lens)} (P50 {percentile(lens, .5):.0f}, P95 {percentile(lens, .95):.0f}, max {max(lens)})",
           flush=True)
+    if isinstance(args.ranks, list):
+        from benchmarks.rank_placement import compare
+
+        return compare(folder, workload, args, args.ranks)
     dtype_bytes = 2 if args.dtype in ("bfloat16", "float16") or (args.dtype == "auto" and args.device != "cpu") else 4
     model_experts = expert_weight_bytes(mcfg, dtype_bytes)
     results = [run(folder, workload, 1, args), run(folder, workload, args.ranks, args)]

@@ -41,3 +41,26 @@ def test_the_default_bundle_and_backend():
     assert rank_bundle(EngineConfig(rank_resources={"CPU": 3, "GPU": 1})) == {"CPU": 3, "GPU": 1}
     assert rank_backend(EngineConfig(distributed_executor_backend="mp")) == "mp"
     assert rank_backend(EngineConfig(distributed_executor_backend="ray")) == "ray"
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "sched_getaffinity"), reason="no CPU affinity on this OS")
+def test_ranks_claim_cores_no_live_rank_holds_and_reclaim_dead_ones(tmp_path):
+    import json
+    import os
+
+    from batchgen_data.engine.executor.rank_resources import _identity, claim_cpus
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs")
+    registry = tmp_path / "cpus.json"
+    # A live process (our parent) holds the first CPU; a dead one (pid 2**22 + 1, never live) the second.
+    registry.write_text(json.dumps({_identity(os.getppid()): [cpus[0]], f"{2**22 + 1}:1": [cpus[1]]}))
+    try:
+        assert claim_cpus(1, registry) == (cpus[1],)  # the dead process's core is free again
+        assert os.sched_getaffinity(0) == {cpus[1]}
+        held = json.loads(registry.read_text())
+        assert held == {_identity(os.getppid()): [cpus[0]], _identity(os.getpid()): [cpus[1]]}
+        assert claim_cpus(len(cpus), registry) == ()  # not that many free: left unpinned
+    finally:
+        os.sched_setaffinity(0, cpus)

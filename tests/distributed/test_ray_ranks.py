@@ -144,6 +144,39 @@ def test_ranks_on_two_nodes_give_the_tokens_of_one_process_and_of_transformers(c
     assert got == hf_greedy_continuations(model, PROMPTS, MAX_NEW)
 
 
+def _live_groups() -> list[dict]:
+    return [g for g in ray.util.placement_group_table().values() if g["state"] != "REMOVED"]
+
+
+def test_ranks_and_their_placement_group_end_when_the_engines_process_is_killed(cluster, mixtral):
+    """The rank actors are detached (a placement group made by an actor outlives it), so they
+    must end themselves: SIGKILL of the process holding the engine closes their lifeline."""
+    import subprocess
+    import sys
+
+    folder, _ = mixtral
+    code = (
+        "import ray, time; from batchgen_data import Engine, EngineConfig;"
+        f"ray.init(address={cluster.address!r}, log_to_driver=False);"
+        f"e = Engine({str(folder)!r}, EngineConfig(expert_parallel_size=2, block_size=8, "
+        "rank_resources={'CPU': 0.25}));"
+        "print(*e.executor.group.pids, flush=True); time.sleep(600)"
+    )
+    driver = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    pids: list[int] = []
+    try:
+        pids = [int(pid) for pid in driver.stdout.readline().split()]
+        assert len(pids) == 2 and all(_alive(pid) for pid in pids)
+        assert _live_groups()
+        driver.kill()
+        driver.wait(10)
+        wait_for(lambda: not any(_alive(pid) for pid in pids), 30, "the ranks to end")
+        wait_for(lambda: not _live_groups(), 30, "the placement group to be removed")
+    finally:
+        driver.kill()
+        _reap(pids)
+
+
 def _skew_rows() -> list[dict]:
     # Eight long rows in the first block, eight short ones in the second (the issue's skew).
     return [{"id": i, "prompt": f"Ticket {i}: the courier left parcel {i * 7} at the wrong door.",
@@ -185,6 +218,8 @@ def test_two_replicas_of_two_ray_ranks_rebalance_skew_across_replicas(cluster, m
     [pool] = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("batchgen-pool-")]
     counters = ray.get(ray.get_actor(pool["name"], namespace=pool["namespace"]).counters.remote())
     # Rows went through the pool, and the replica without the long rows took some of them.
+    # The actors Ray Data ends take their rank groups with them (no placement group left holding bundles).
+    wait_for(lambda: not _live_groups(), 30, "the replicas' placement groups to be removed")
     print("pool counters", counters, "run for others", [r["rebalance"]["num_run_for_others"] for r in reports])
     assert counters["num_submitted"] >= 4, counters
     assert sum(r["rebalance"]["num_run_for_others"] for r in reports) > 0, [r["rebalance"] for r in reports]

@@ -21,19 +21,12 @@ import sys
 import time
 import weakref
 from dataclasses import asdict
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 from batchgen_data.config import EngineConfig
-from batchgen_data.engine.executor.rank_protocol import (
-    RankCommand,
-    RankFailure,
-    RankReady,
-    RankSetup,
-    StepResult,
-    recv,
-    send,
-)
+from batchgen_data.engine.executor.rank_answers import RankLost, collect
+from batchgen_data.engine.executor.rank_protocol import RankCommand, RankReady, RankSetup, StepResult, send
 from batchgen_data.errors import EngineDeadError
 
 logger = logging.getLogger(__name__)
@@ -41,7 +34,6 @@ logger = logging.getLogger(__name__)
 # Loading a shard, joining the group and (the first time on a machine) DeepSpeed building its
 # CPU communication op (~35 s) all happen before a rank is ready.
 _STARTUP_TIMEOUT_S = 600.0
-_POLL_S = 0.2  # how often a wait checks that every rank is still alive
 _STOP_GRACE_S = 5.0
 
 
@@ -95,26 +87,14 @@ class RankGroup:
         return self._collect(self.timeout_s, "step")
 
     def _collect(self, timeout_s: float, what: str) -> list:
-        answers: dict[int, object] = {}
-        deadline = time.monotonic() + timeout_s
-        while len(answers) < self.world_size:
-            pending = [c for r, c in enumerate(self.conns) if r not in answers]
-            for conn in wait(pending, timeout=_POLL_S):
-                rank = self.conns.index(conn)
-                try:
-                    answer = recv(conn)
-                except (EOFError, OSError):
-                    self._fail(f"rank {rank} exited during {what} (exit status {self.procs[rank].poll()})")
-                if isinstance(answer, RankFailure):
-                    self._fail(f"rank {rank} failed during {what}:\n{answer.error}")
-                answers[rank] = answer
-            dead = [r for r, p in enumerate(self.procs) if r not in answers and p.poll() is not None]
-            if dead:
-                self._fail(f"rank {dead[0]} exited during {what} (exit status {self.procs[dead[0]].poll()})")
-            if time.monotonic() > deadline:
-                self._fail(f"ranks {sorted(set(range(self.world_size)) - set(answers))} did not answer a {what} "
-                           f"within {timeout_s:.0f} s (rank_timeout_s)")
-        return [answers[r] for r in range(self.world_size)]
+        try:
+            return collect(self.conns, timeout_s, what, self._dead_rank)
+        except RankLost as lost:
+            self._fail(str(lost))
+
+    def _dead_rank(self, owing: set[int]) -> str | None:
+        dead = sorted(r for r in owing if self.procs[r].poll() is not None)
+        return f"rank {dead[0]} exited (exit status {self.procs[dead[0]].poll()})" if dead else None
 
     def _fail(self, reason: str):
         self.close(kill=True)

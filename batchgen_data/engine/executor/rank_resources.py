@@ -33,3 +33,52 @@ def pin_to_cpus(rank: int, num_threads: int) -> tuple[int, ...]:
         return ()
     os.sched_setaffinity(0, mine)
     return mine
+
+
+def claim_cpus(num_cpus: int, registry: str | os.PathLike | None = None) -> tuple[int, ...]:
+    """Binds this process to ``num_cpus`` CPUs no other live claimant on this machine holds,
+    when that many are free among those it may use; returns them (empty: left unpinned).
+
+    For Ray-placed ranks, whose node Ray does not divide into cores: each rank claims its
+    bundle's whole CPUs from a registry shared by every process on the machine (a JSON file
+    under a lock, entries of dead processes dropped), so ranks of several engines on one node
+    take disjoint cores instead of the same first ones.
+    """
+    if not hasattr(os, "sched_getaffinity") or num_cpus < 1:
+        return ()
+    import fcntl
+    import json
+    import tempfile
+    from pathlib import Path
+
+    path = Path(registry or Path(tempfile.gettempdir()) / "batchgen-data-rank-cpus.json")
+    with open(path.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            held = json.loads(path.read_text()) if path.exists() else {}
+        except (OSError, ValueError):
+            held = {}
+        held = {key: cpus for key, cpus in held.items() if _alive(key)}
+        taken = {cpu for cpus in held.values() for cpu in cpus}
+        free = [cpu for cpu in sorted(os.sched_getaffinity(0)) if cpu not in taken]
+        if len(free) < num_cpus:
+            return ()
+        mine = tuple(free[:num_cpus])
+        held[_identity(os.getpid())] = list(mine)
+        path.write_text(json.dumps(held))
+    os.sched_setaffinity(0, mine)
+    return mine
+
+
+def _identity(pid: int) -> str:
+    """A process as ``pid:start time`` (a reused pid is another process)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return f"{pid}:{stat.read().rsplit(')', 1)[1].split()[19]}"
+    except (OSError, IndexError):
+        return f"{pid}:?"
+
+
+def _alive(key: str) -> bool:
+    pid = int(key.split(":", 1)[0])
+    return _identity(pid) == key

@@ -14,6 +14,11 @@ the ranks start and how they are reached:
 3. Rendezvous: rank 0 reports its node's IP (Ray's address for that node, routable from the
    others) and a free port there; every rank joins ``torch.distributed`` at that address with
    the collective timeout (gloo on CPU; NCCL with a gloo group beside it on CUDA).
+4. Connect: each rank listens on its node's address; the driver connects to every rank (a
+   random token first, so no stray connection is served) and steps go over these connections
+   as over a local rank's socket pair, not as actor calls (``rank_actor.py``). Each rank's
+   ``serve`` call lasts as long as the rank: Ray failing it is how a rank whose machine vanished
+   without closing its socket is seen (``rank_answers.collect`` asks on every quiet poll).
 
 One failure unit: an actor that dies (its process or its node), a rank whose step raises (a
 collective that lost its peer), or an answer later than ``rank_timeout_s`` fails the group:
@@ -24,19 +29,24 @@ are owned by the process that built the engine, so Ray ends them with it.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
 import weakref
 from dataclasses import asdict
+from multiprocessing.connection import Connection
 
 from batchgen_data.config import EngineConfig
 from batchgen_data.engine.executor.rank_actor import RankActor, RankPlace
-from batchgen_data.engine.executor.rank_protocol import RankCommand, RankReady, RankSetup, StepResult
+from batchgen_data.engine.executor.rank_answers import RankLost, collect
+from batchgen_data.engine.executor.rank_protocol import RankCommand, RankReady, RankSetup, StepResult, send
 from batchgen_data.errors import ConfigError, EngineDeadError
 
 logger = logging.getLogger(__name__)
 
 _STARTUP_TIMEOUT_S = 600.0  # as local ranks: loading, joining, DeepSpeed's first op build
 _STOP_GRACE_S = 5.0
+_CONNECT_TIMEOUT_S = 30.0
 
 
 def rank_bundle(config: EngineConfig) -> dict:
@@ -44,6 +54,16 @@ def rank_bundle(config: EngineConfig) -> dict:
     if config.rank_resources is not None:
         return dict(config.rank_resources)
     return {"CPU": 1.0, "GPU": 1.0} if config.resolve_device().type == "cuda" else {"CPU": 1.0}
+
+
+def claims_cpus(config: EngineConfig, bundle: dict) -> bool:
+    """Whether Ray-placed ranks bind to cores of their own (``rank_resources.claim_cpus``):
+    ``bind_rank_cpus`` if set, else when each rank's bundle holds whole CPUs (a fractional
+    bundle shares its cores by design)."""
+    if config.bind_rank_cpus is not None:
+        return config.bind_rank_cpus
+    cpus = bundle.get("CPU", 0)
+    return cpus >= 1 and float(cpus).is_integer()
 
 
 def bundles_per_node(bundle: dict, nodes: list[dict]) -> list[int]:
@@ -86,7 +106,10 @@ class RayRankGroup:
         self.strategy = config.placement_strategy
         self.actors: list = []
         self.places: list[RankPlace] = []
-        self._held: list = [None, self.actors]  # [placement group, actors]: what the finalizer releases
+        self.conns: list[Connection] = []
+        self._serving: list = []
+        # [placement group, actors, sockets...]: what the finalizer releases
+        self._held: list = [None, self.actors]
         self._closed = False
         self._finalizer = weakref.finalize(self, _release, self._held)
         nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
@@ -99,42 +122,78 @@ class RayRankGroup:
                 self._fail(f"its placement group ({world_size} x {self.bundle}, {self.strategy}) was not placed "
                            f"within {self.timeout_s:.0f} s (rank_timeout_s); the cluster has "
                            f"{ray.available_resources()} available")
+            token = os.urandom(32)
+            lifeline = socket.create_server((ray.util.get_node_ip_address(), 0))
+            self._held.append(lifeline)
             remote = ray.remote(RankActor)
             actors = [remote.options(**_actor_options(self.bundle), max_restarts=0, max_task_retries=0,
+                                     lifetime="detached",  # they end with the lifeline (rank_actor.py)
                                      scheduling_strategy=PlacementGroupSchedulingStrategy(
-                                         pg, placement_group_bundle_index=i)).remote(self.device_type)
+                                         pg, placement_group_bundle_index=i)).remote(
+                          self.device_type, lifeline.getsockname()[:2], token)
                       for i in range(world_size)]
             self.actors.extend(actors)
-            places = self._collect([a.where.remote() for a in actors], _STARTUP_TIMEOUT_S, "placement")
+            places = self._ray_collect([a.where.remote() for a in actors], _STARTUP_TIMEOUT_S, "placement")
+            self._held.extend(_accept_lifelines(lifeline, token, world_size))
             order = node_order(places)
             self.actors[:] = [actors[i] for i in order]
             self.places = [places[i] for i in order]
-            port = self._collect([self.actors[0].free_port.remote()], _STARTUP_TIMEOUT_S, "rendezvous", ranks=[0])[0]
+            port = self._ray_collect([self.actors[0].free_port.remote()], _STARTUP_TIMEOUT_S, "rendezvous")[0]
             settings = asdict(config)
-            settings["bind_rank_cpus"] = False  # Ray does not assign cores; other actors share the node's
+            settings["bind_rank_cpus"] = False  # not by rank number: other engines' ranks share the node
             threads = max(1, int(self.bundle.get("CPU", 1)))
             setups = [RankSetup(str(model_path), settings, rank, world_size, port, threads,
-                                master_addr=self.places[0].node_ip, device_index=0)
+                                master_addr=self.places[0].node_ip, device_index=0,
+                                claim_cpus=claims_cpus(config, self.bundle))
                       for rank in range(world_size)]
-            self.ready: list[RankReady] = self._collect(
-                [a.start.remote(s) for a, s in zip(self.actors, setups)], _STARTUP_TIMEOUT_S, "start")
+            started = self._ray_collect([a.start.remote(s) for a, s in zip(self.actors, setups)],
+                                        _STARTUP_TIMEOUT_S, "start")
+            self.ready: list[RankReady] = [ready for ready, _ in started]
+            self._serving = [a.serve.remote() for a in self.actors]  # each ends only when its rank does
+            self.conns = [_connect(place.node_ip, rank_port, token)
+                          for place, (_, rank_port) in zip(self.places, started)]
+            self._held.extend(self.conns)
         except BaseException:
             self.close(kill=True)
             raise
 
     def step(self, commands: list[RankCommand]) -> list[StepResult]:
-        """One command to every rank, one answer from each (in rank order)."""
+        """One command to every rank over its connection, one answer from each (in rank order)."""
         if self._closed:
             raise EngineDeadError("the expert-parallel rank group was shut down")
-        return self._collect([a.run.remote(c) for a, c in zip(self.actors, commands)], self.timeout_s, "step")
+        try:
+            for conn, command in zip(self.conns, commands):
+                send(conn, command)
+        except OSError as err:
+            self._fail(f"a rank stopped reading its commands ({err})")
+        try:
+            return collect(self.conns, self.timeout_s, "step", self._dead_rank)
+        except RankLost as lost:
+            self._fail(str(lost))
 
-    def _collect(self, refs: list, timeout_s: float, what: str, ranks: list[int] | None = None) -> list:
-        """Every ref's value in order; the first failure (or the deadline) fails the group."""
+    def _dead_rank(self, owing: set[int]) -> str | None:
+        """A rank whose ``serve`` ended (its actor or node died, as Ray reports it) while it owes
+        an answer."""
         import ray
-        from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
 
-        ranks = list(range(len(refs))) if ranks is None else ranks
-        rank_of = dict(zip(refs, ranks))
+        refs = [self._serving[r] for r in sorted(owing)]
+        ended, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        for ref in ended:
+            rank = self._serving.index(ref)
+            try:
+                ray.get(ref, timeout=0)
+            except Exception as err:  # noqa: BLE001 - what Ray says of the actor
+                return f"rank {rank}'s actor died ({type(err).__name__}: {err})"
+            return f"rank {rank} stopped serving"
+        return None
+
+    def _ray_collect(self, refs: list, timeout_s: float, what: str) -> list:
+        """Every actor call's value in order (start-up); the first failure, or the deadline,
+        fails the group."""
+        import ray
+        from ray.exceptions import RayActorError, RayError, RayTaskError
+
+        rank_of = {ref: rank for rank, ref in enumerate(refs)}
         answers: dict[int, object] = {}
         pending = list(refs)
         deadline = time.monotonic() + timeout_s
@@ -148,12 +207,12 @@ class RayRankGroup:
                     self._fail(f"rank {rank} failed during {what}:\n{err}")
                 except RayActorError as err:
                     self._fail(f"rank {rank}'s actor died during {what} ({type(err).__name__}: {err})")
-                except (GetTimeoutError, RayError) as err:
+                except RayError as err:
                     self._fail(f"rank {rank} failed during {what} ({type(err).__name__}: {err})")
             if pending and time.monotonic() >= deadline:
                 self._fail(f"ranks {sorted(rank_of[r] for r in pending)} did not answer a {what} within "
-                           f"{timeout_s:.0f} s (rank_timeout_s)")
-        return [answers[r] for r in ranks]
+                           f"{timeout_s:.0f} s")
+        return [answers[r] for r in range(len(refs))]
 
     def _fail(self, reason: str):
         self.close(kill=True)
@@ -164,12 +223,16 @@ class RayRankGroup:
         if self._closed:
             return
         self._closed = True
-        if not kill and self.actors:
+        if not kill and self.conns:
             import ray
 
+            for conn in self.conns:
+                try:
+                    send(conn, RankCommand(step=False, shutdown=True))
+                except OSError:
+                    pass
             try:
-                ray.wait([a.shutdown.remote() for a in self.actors], num_returns=len(self.actors),
-                         timeout=_STOP_GRACE_S)
+                ray.wait(self._serving, num_returns=len(self._serving), timeout=_STOP_GRACE_S)
             except Exception:  # noqa: BLE001 - they are killed next either way
                 pass
         _release(self._held)
@@ -182,6 +245,38 @@ class RayRankGroup:
     @property
     def node_ids(self) -> list[str]:
         return [p.node_id for p in self.places]
+
+
+def _accept_lifelines(listener: socket.socket, token: bytes, count: int) -> list[socket.socket]:
+    """The ranks' lifeline connections (each connected in its actor's constructor, so all are
+    queued once every ``where`` answered); any without the token is closed."""
+    listener.settimeout(_CONNECT_TIMEOUT_S)
+    lines = []
+    try:
+        while len(lines) < count:
+            sock, _ = listener.accept()
+            sock.settimeout(_CONNECT_TIMEOUT_S)
+            got = b""
+            while len(got) < len(token):
+                chunk = sock.recv(len(token) - len(got))
+                if not chunk:
+                    break
+                got += chunk
+            if got == token:
+                lines.append(sock)
+            else:
+                sock.close()
+    finally:
+        listener.close()
+    return lines
+
+
+def _connect(host: str, port: int, token: bytes) -> Connection:
+    """The driver's connection to one rank: TCP to its node, the token first."""
+    sock = socket.create_connection((host, port), timeout=_CONNECT_TIMEOUT_S)
+    sock.sendall(token)
+    sock.settimeout(None)  # blocking again: ``Connection`` reads the descriptor directly
+    return Connection(sock.detach())
 
 
 def node_order(places: list[RankPlace]) -> list[int]:
@@ -203,20 +298,24 @@ def _actor_options(bundle: dict) -> dict:
 
 
 def _release(held: list) -> None:
-    """Kill the actors and remove the placement group; quiet when Ray is already gone."""
+    """Kill the actors and remove the placement group (quiet when Ray is already gone), then
+    close the lifelines and connections: a closed lifeline makes the ranks end themselves too."""
     try:
         import ray
         from ray.util.placement_group import remove_placement_group
 
-        if not ray.is_initialized():
-            return
-        for actor in held[1]:
-            try:
-                ray.kill(actor, no_restart=True)
-            except Exception:  # noqa: BLE001 - already dead
-                pass
-        if held[0] is not None:
-            remove_placement_group(held[0])
-            held[0] = None
+        if ray.is_initialized():
+            for actor in held[1]:
+                try:
+                    ray.kill(actor, no_restart=True)
+                except Exception:  # noqa: BLE001 - already dead
+                    pass
+            if held[0] is not None:
+                remove_placement_group(held[0])
+                held[0] = None
     except Exception:  # noqa: BLE001 - at interpreter exit, or Ray shut down meanwhile
         logger.debug("releasing expert-parallel rank actors failed", exc_info=True)
+    finally:
+        for sock in held[2:]:
+            sock.close()
+        del held[2:]
