@@ -67,8 +67,9 @@ class EngineConfig:
             ``r*t .. r*t+t-1``, t = threads per rank), so a rank woken from a collective does not
             wait for a core. None binds unless the engine runs inside a Ray worker, where
             several actors may share a node's CPUs; set False when several engines share them.
-            Ray-placed ranks instead claim cores no other rank on their machine holds (a
-            machine-wide registry), by default when each rank's bundle holds whole CPUs.
+            Ray-placed ranks instead bind to the whole CPUs their bundles add up to on each
+            machine, claimed from a machine-wide registry so no two groups take the same cores
+            (unless False).
         distributed_executor_backend (str | None, default None): how the expert-parallel ranks
             start (vLLM's name): ``"mp"``, as child processes of this process on this node
             (rendezvous on the loopback address); ``"ray"``, as Ray actors placed by one

@@ -5,6 +5,8 @@ on a grid of skewed workloads rather than one configuration?
     .venv/bin/python benchmarks/skew.py --quick    # 2 scenarios x 2 pairs: a smoke test (~5 min)
     .venv/bin/python benchmarks/skew.py --list     # print the grid and exit
     .venv/bin/python benchmarks/skew.py --aa --only g05-in-set  # the noise floor: pairs of two runs without rebalancing
+    .venv/bin/python benchmarks/skew.py --only issue-queued,issue-in-set --pairs 3 --expert-parallel-size 2
+                                                   # replicas of 2 Ray-placed expert-parallel ranks each
 
 ``BatchGenOperator`` actors on the demo model (``ActorPoolStrategy(size=actors,
 max_concurrent_calls_per_actor=2, max_tasks_in_flight_per_actor=2)``, 0.5 CPU each). A scenario
@@ -178,7 +180,7 @@ QUICK = (Scenario("quick-in-set", 48, 16, 4, "front", 128, 8, None, 2),
          Scenario("quick-queued", 48, 16, 16, "front", 128, 8, 8, 2))
 
 
-def warm_up(ray, scenarios: list[Scenario]) -> None:
+def warm_up(ray, scenarios: list[Scenario], expert_parallel_size: int = 1) -> None:
     """Small untimed jobs first, so no timed case pays the cold start alone (worker processes,
     imports from a cold page cache, the demo checkpoint, the engine's GEMM plan, and the step
     model's calibration, which a machine keeps per model and running-set cap: one rebalanced job
@@ -186,19 +188,35 @@ def warm_up(ray, scenarios: list[Scenario]) -> None:
     actors = max(s.actors for s in scenarios)
     rows = make_rows(Scenario("warm-up", 4 * actors, 4, 0, "front", 4, 4, None, actors), 0)
     for max_num_seqs in sorted({s.max_num_seqs or _DEFAULT_MAX_NUM_SEQS for s in scenarios}):
-        engine_config = {"max_num_seqs": max_num_seqs}
+        engine_config, actor_cpus = engine_setup(max_num_seqs, expert_parallel_size, actors)
         ray.data.from_items(rows, override_num_blocks=actors).map_batches(
             BatchGenOperator, fn_constructor_kwargs={"model": "demo", "engine_config": engine_config,
                                                      "rebalance": True},
-            batch_size=4, compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=0.5,
+            batch_size=4, compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=actor_cpus,
         ).take_all()
         _kill_coordinators(ray)
 
 
-def run_case(ray, scenario: Scenario, rows: list[dict], rebalance: bool, stats_dir: Path) -> dict:
+def engine_setup(max_num_seqs: int | None, expert_parallel_size: int, actors: int) -> tuple[dict, float]:
+    """The engine config and the actor's CPUs. With N > 1 expert-parallel ranks per engine, the
+    ranks are Ray actors that divide the machine's CPUs evenly among all the replicas' ranks
+    (the engine actors, which only steer them, take none), so a replica's ranks bind to its share
+    of the cores (two ranks of 0.5 CPU share one core) as replicas on separate machines would own
+    theirs; the engine's running set stays the scenario's, split over its ranks."""
+    config = {} if max_num_seqs is None else {"max_num_seqs": max_num_seqs}
+    if expert_parallel_size == 1:
+        return config, 0.5
+    if max_num_seqs is not None:
+        config["max_num_seqs"] = -(-max_num_seqs // expert_parallel_size)
+    share = int(100 * (os.cpu_count() or 1) / (actors * expert_parallel_size)) / 100
+    return {**config, "expert_parallel_size": expert_parallel_size, "rank_resources": {"CPU": share}}, 0
+
+
+def run_case(ray, scenario: Scenario, rows: list[dict], rebalance: bool, stats_dir: Path,
+             expert_parallel_size: int = 1) -> dict:
     shutil.rmtree(stats_dir, ignore_errors=True)
     stats_dir.mkdir(parents=True)
-    engine_config = {} if scenario.max_num_seqs is None else {"max_num_seqs": scenario.max_num_seqs}
+    engine_config, actor_cpus = engine_setup(scenario.max_num_seqs, expert_parallel_size, scenario.actors)
     # Blocks made in the driver: a repartition would need a whole CPU for its tasks, which three
     # half-CPU actors on 2 CPUs leave no room for (the job then hangs with no error).
     ds = ray.data.from_items(rows, override_num_blocks=math.ceil(scenario.rows / scenario.block_size))
@@ -210,7 +228,7 @@ def run_case(ray, scenario: Scenario, rows: list[dict], rebalance: bool, stats_d
         batch_size=scenario.block_size,
         compute=ray.data.ActorPoolStrategy(size=scenario.actors, max_concurrent_calls_per_actor=_CONCURRENCY,
                                            max_tasks_in_flight_per_actor=_CONCURRENCY),
-        num_cpus=0.5,
+        num_cpus=actor_cpus,
     ).take_all()
     wall = time.time() - start
     if rebalance:
@@ -339,6 +357,9 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--list", action="store_true", help="print the scenarios and exit")
     parser.add_argument("--aa", action="store_true",
                         help="the noise floor: both runs of every pair without rebalancing (an A/A test)")
+    parser.add_argument("--expert-parallel-size", type=int, default=1,
+                        help="N > 1: each engine actor runs N Ray-placed expert-parallel ranks, which divide "
+                             "the CPUs evenly (engine_setup); the scenario's max_num_seqs is split over them")
     parser.add_argument("--out", type=Path, default=Path("runs/skew"))
     parser.add_argument("--from-json", type=Path, help="render the tables of an earlier run's skew.json; run nothing")
     args = parser.parse_args(argv)
@@ -358,14 +379,14 @@ def main(argv=None) -> list[dict]:
     import ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    env = {k: os.environ[k] for k in ("BATCHGEN_DATA_CACHE",) if k in os.environ}
+    env = {k: os.environ[k] for k in ("BATCHGEN_DATA_CACHE", "TORCH_EXTENSIONS_DIR") if k in os.environ}
     ray.init(include_dashboard=False, log_to_driver=False, _temp_dir=tempfile.mkdtemp(prefix="batchgen-skew-"),
              runtime_env={"env_vars": {**env, "DS_ACCELERATOR": "cpu"}})
     ray.data.DataContext.get_current().enable_progress_bars = False
     results = []
     args.out.mkdir(parents=True, exist_ok=True)
     try:
-        warm_up(ray, scenarios)
+        warm_up(ray, scenarios, args.expert_parallel_size)
         for scenario in scenarios:
             rows = make_rows(scenario, args.seed)
             runs = []
@@ -374,7 +395,8 @@ def main(argv=None) -> list[dict]:
                 for rebalance in ((False, True) if k % 2 == 0 else (True, False)):
                     side = "on" if rebalance else "off"
                     stats_dir = args.out / "actor-stats" / f"{scenario.name}-pair{k}-{side}"
-                    pair[side] = run_case(ray, scenario, rows, rebalance and not args.aa, stats_dir)
+                    pair[side] = run_case(ray, scenario, rows, rebalance and not args.aa, stats_dir,
+                                          args.expert_parallel_size)
                 off, on = pair["off"], pair["on"]
                 print(f"{scenario.name} pair {k}: off {off['wall_s']:.1f} s (span {off['span_s']:.1f}), "
                       f"on {on['wall_s']:.1f} s (span {on['span_s']:.1f})", flush=True)

@@ -7,7 +7,13 @@ import pytest
 from batchgen_data import ConfigError, EngineConfig
 from batchgen_data.engine.executor.rank_actor import RankPlace
 from batchgen_data.engine.executor.rank_backend import rank_backend
-from batchgen_data.engine.executor.ray_rank_group import bundles_per_node, check_placeable, node_order, rank_bundle
+from batchgen_data.engine.executor.ray_rank_group import (
+    bundles_per_node,
+    check_placeable,
+    core_plan,
+    node_order,
+    rank_bundle,
+)
 
 NODES = [{"CPU": 8.0, "GPU": 2.0}, {"CPU": 4.0, "GPU": 4.0}, {"CPU": 1.0}]
 
@@ -36,6 +42,15 @@ def test_ranks_are_numbered_by_node_so_a_nodes_ranks_are_consecutive():
     assert node_order(places) == [0, 2, 1, 4, 3]  # node b first (bundle 0), then a, then c
 
 
+def test_ranks_bind_to_the_whole_cpus_their_bundles_add_up_to_on_a_machine():
+    cpu = EngineConfig(device="cpu")
+    assert core_plan(cpu, {"CPU": 2}, 3) == (6, 2)  # each rank its own two cores
+    assert core_plan(cpu, {"CPU": 0.5}, 2) == (1, None)  # two half-CPU ranks share one core
+    assert core_plan(cpu, {"CPU": 0.25}, 2) == (0, None)  # less than a core: unbound
+    assert core_plan(cpu, {"CPU": 1.5}, 2) == (3, None)
+    assert core_plan(EngineConfig(device="cpu", bind_rank_cpus=False), {"CPU": 2}, 1) == (0, None)
+
+
 def test_the_default_bundle_and_backend():
     assert rank_bundle(EngineConfig(device="cpu")) == {"CPU": 1.0}
     assert rank_bundle(EngineConfig(rank_resources={"CPU": 3, "GPU": 1})) == {"CPU": 3, "GPU": 1}
@@ -48,7 +63,7 @@ def test_ranks_claim_cores_no_live_rank_holds_and_reclaim_dead_ones(tmp_path):
     import json
     import os
 
-    from batchgen_data.engine.executor.rank_resources import _identity, claim_cpus
+    from batchgen_data.engine.executor.rank_resources import _identity, claim_cpus, hold_cpus
 
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
@@ -62,5 +77,7 @@ def test_ranks_claim_cores_no_live_rank_holds_and_reclaim_dead_ones(tmp_path):
         held = json.loads(registry.read_text())
         assert held == {_identity(os.getppid()): [cpus[0]], _identity(os.getpid()): [cpus[1]]}
         assert claim_cpus(len(cpus), registry) == ()  # not that many free: left unpinned
+        hold_cpus((cpus[0],), registry)  # a rank binding to its group's share records it too
+        assert os.sched_getaffinity(0) == {cpus[0]} and json.loads(registry.read_text())[_identity(os.getpid())] == [cpus[0]]
     finally:
         os.sched_setaffinity(0, cpus)

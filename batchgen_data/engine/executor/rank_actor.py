@@ -9,7 +9,8 @@ the driver to the rank's node instead of actor calls, which cost ~2 ms more per 
 0. its constructor connects to the engine's lifeline (``watch_lifeline``): the rank actors are
    detached, and end themselves and their placement group when that connection closes;
 1. ``where``: its node, for numbering ranks and for rank 0's rendezvous address;
-2. ``free_port`` (rank 0 only): a port on its node for the ``torch.distributed`` rendezvous;
+2. ``claim_cpus`` / ``hold_cpus`` (CPU ranks): cores of their own (``RayRankGroup._bind_cores``);
+   ``free_port`` (rank 0 only): a port on its node for the ``torch.distributed`` rendezvous;
 3. ``start``: join the process group, load this rank's experts, open a listening socket on its
    node's address; returns the ``RankReady`` and that port;
 4. ``serve``: accept the driver's connection (it must send the token given at construction), then
@@ -64,6 +65,18 @@ class RankActor:
         with socket.socket() as s:
             s.bind((ray.util.get_node_ip_address(), 0))
             return s.getsockname()[1]
+
+    def claim_cpus(self, num_cpus: int) -> tuple[int, ...]:
+        """Claim (and bind to) whole CPUs of this machine for the group's ranks here."""
+        from batchgen_data.engine.executor.rank_resources import claim_cpus
+
+        return claim_cpus(num_cpus)
+
+    def hold_cpus(self, cpus: tuple[int, ...]) -> None:
+        """Bind to this rank's share of what the group claimed here."""
+        from batchgen_data.engine.executor.rank_resources import hold_cpus
+
+        hold_cpus(cpus)
 
     def start(self, setup: RankSetup) -> tuple[RankReady, int]:
         import ray

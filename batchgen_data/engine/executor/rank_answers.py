@@ -14,13 +14,33 @@ import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 
-from batchgen_data.engine.executor.rank_protocol import RankFailure, recv
+from batchgen_data.engine.executor.rank_protocol import RankCommand, RankFailure, recv, send
 
 POLL_S = 0.2  # how often a wait checks that every rank is still alive
 
 
 class RankLost(Exception):
     """A rank failed, died or stayed silent: the reason, for ``EngineDeadError``."""
+
+
+def exchange(conns: list[Connection], commands: list[RankCommand], timeout_s: float,
+             dead_rank: Callable[[set[int]], str | None]) -> list:
+    """One lockstep step: every command sent, then every answer collected (``RankLost``)."""
+    try:
+        for conn, command in zip(conns, commands):
+            send(conn, command)
+    except OSError as err:
+        raise RankLost(f"a rank stopped reading its commands ({err})") from None
+    return collect(conns, timeout_s, "step", dead_rank)
+
+
+def ask_to_stop(conns: list[Connection]) -> None:
+    """Tell every rank to shut down (those already gone are skipped)."""
+    for conn in conns:
+        try:
+            send(conn, RankCommand(step=False, shutdown=True))
+        except OSError:
+            pass
 
 
 def collect(conns: list[Connection], timeout_s: float, what: str,

@@ -25,7 +25,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from batchgen_data.config import EngineConfig
-from batchgen_data.engine.executor.rank_answers import RankLost, collect
+from batchgen_data.engine.executor.rank_answers import RankLost, ask_to_stop, collect, exchange
 from batchgen_data.engine.executor.rank_protocol import RankCommand, RankReady, RankSetup, StepResult, send
 from batchgen_data.errors import EngineDeadError
 
@@ -80,11 +80,9 @@ class RankGroup:
         if self._closed:
             raise EngineDeadError("the expert-parallel rank group was shut down")
         try:
-            for conn, command in zip(self.conns, commands):
-                send(conn, command)
-        except OSError as err:
-            self._fail(f"a rank stopped reading its commands ({err})")
-        return self._collect(self.timeout_s, "step")
+            return exchange(self.conns, commands, self.timeout_s, self._dead_rank)
+        except RankLost as lost:
+            self._fail(str(lost))
 
     def _collect(self, timeout_s: float, what: str) -> list:
         try:
@@ -106,11 +104,7 @@ class RankGroup:
             return
         self._closed = True
         if not kill:
-            for conn in self.conns:
-                try:
-                    send(conn, RankCommand(step=False, shutdown=True))
-                except OSError:
-                    pass
+            ask_to_stop(self.conns)
             deadline = time.monotonic() + _STOP_GRACE_S
             for proc in self.procs:
                 try:

@@ -30,7 +30,6 @@ class RankSetup:
     num_threads: int
     master_addr: str = "127.0.0.1"  # rank 0's node address (its routable IP when ranks are Ray actors)
     device_index: int | None = None  # the CUDA device this rank uses; None: its rank (local ranks)
-    claim_cpus: bool = False  # bind to num_threads CPUs no other rank on the machine holds (Ray-placed ranks)
 
 
 @dataclass(slots=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import resource
+from contextlib import contextmanager
 
 
 def peak_rss_bytes() -> int:
@@ -39,19 +40,43 @@ def claim_cpus(num_cpus: int, registry: str | os.PathLike | None = None) -> tupl
     """Binds this process to ``num_cpus`` CPUs no other live claimant on this machine holds,
     when that many are free among those it may use; returns them (empty: left unpinned).
 
-    For Ray-placed ranks, whose node Ray does not divide into cores: each rank claims its
-    bundle's whole CPUs from a registry shared by every process on the machine (a JSON file
-    under a lock, entries of dead processes dropped), so ranks of several engines on one node
-    take disjoint cores instead of the same first ones.
+    For Ray-placed ranks, whose node Ray does not divide into cores: the ranks of a group on one
+    machine claim the whole CPUs their bundles add up to from a registry shared by every process
+    on the machine (a JSON file under a lock, entries of dead processes dropped), so the ranks of
+    several engines take disjoint cores instead of the same first ones.
     """
     if not hasattr(os, "sched_getaffinity") or num_cpus < 1:
         return ()
+    with _registry(registry) as held:
+        taken = {cpu for cpus in held.values() for cpu in cpus}
+        free = [cpu for cpu in sorted(os.sched_getaffinity(0)) if cpu not in taken]
+        if len(free) < num_cpus:
+            return ()
+        mine = tuple(free[:num_cpus])
+        held[_identity(os.getpid())] = list(mine)
+    os.sched_setaffinity(0, mine)
+    return mine
+
+
+def hold_cpus(cpus: tuple[int, ...], registry: str | os.PathLike | None = None) -> None:
+    """Binds this process to ``cpus`` that its group claimed (``claim_cpus`` in another of its
+    ranks), and records them as held by it too, so they stay taken while any of the group lives."""
+    if not cpus or not hasattr(os, "sched_getaffinity"):
+        return
+    with _registry(registry) as held:
+        held[_identity(os.getpid())] = list(cpus)
+    os.sched_setaffinity(0, cpus)
+
+
+@contextmanager
+def _registry(path: str | os.PathLike | None):
+    """The machine's claims, locked, live claimants only; written back on exit."""
     import fcntl
     import json
     import tempfile
     from pathlib import Path
 
-    path = Path(registry or Path(tempfile.gettempdir()) / "batchgen-data-rank-cpus.json")
+    path = Path(path or Path(tempfile.gettempdir()) / "batchgen-data-rank-cpus.json")
     with open(path.with_suffix(".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
@@ -59,15 +84,8 @@ def claim_cpus(num_cpus: int, registry: str | os.PathLike | None = None) -> tupl
         except (OSError, ValueError):
             held = {}
         held = {key: cpus for key, cpus in held.items() if _alive(key)}
-        taken = {cpu for cpus in held.values() for cpu in cpus}
-        free = [cpu for cpu in sorted(os.sched_getaffinity(0)) if cpu not in taken]
-        if len(free) < num_cpus:
-            return ()
-        mine = tuple(free[:num_cpus])
-        held[_identity(os.getpid())] = list(mine)
+        yield held
         path.write_text(json.dumps(held))
-    os.sched_setaffinity(0, mine)
-    return mine
 
 
 def _identity(pid: int) -> str:

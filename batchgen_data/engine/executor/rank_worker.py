@@ -36,7 +36,7 @@ from batchgen_data.engine.executor.rank_protocol import (
     recv,
     send,
 )
-from batchgen_data.engine.executor.rank_resources import claim_cpus, peak_rss_bytes, pin_to_cpus
+from batchgen_data.engine.executor.rank_resources import peak_rss_bytes, pin_to_cpus
 from batchgen_data.engine.core.progress import RequestProgress
 from batchgen_data.engine.core.sequence import EXPORTABLE, SequenceState
 from batchgen_data.engine.stats import RankStats
@@ -78,11 +78,8 @@ class RankWorker:
 
         torch.set_num_threads(setup.num_threads)
         config = EngineConfig(**setup.config)
-        if config.resolve_device().type == "cpu":
-            if setup.claim_cpus:
-                claim_cpus(setup.num_threads)
-            elif config.bind_rank_cpus:
-                pin_to_cpus(setup.rank, setup.num_threads)
+        if config.bind_rank_cpus and config.resolve_device().type == "cpu":
+            pin_to_cpus(setup.rank, setup.num_threads)
         self.control_group = _join_process_group(setup, config)
         if config.resolve_device().type == "cuda":
             index = setup.rank if setup.device_index is None else setup.device_index

@@ -38,8 +38,8 @@ from multiprocessing.connection import Connection
 
 from batchgen_data.config import EngineConfig
 from batchgen_data.engine.executor.rank_actor import RankActor, RankPlace
-from batchgen_data.engine.executor.rank_answers import RankLost, collect
-from batchgen_data.engine.executor.rank_protocol import RankCommand, RankReady, RankSetup, StepResult, send
+from batchgen_data.engine.executor.rank_answers import RankLost, ask_to_stop, exchange
+from batchgen_data.engine.executor.rank_protocol import RankCommand, RankReady, RankSetup, StepResult
 from batchgen_data.errors import ConfigError, EngineDeadError
 
 logger = logging.getLogger(__name__)
@@ -56,14 +56,18 @@ def rank_bundle(config: EngineConfig) -> dict:
     return {"CPU": 1.0, "GPU": 1.0} if config.resolve_device().type == "cuda" else {"CPU": 1.0}
 
 
-def claims_cpus(config: EngineConfig, bundle: dict) -> bool:
-    """Whether Ray-placed ranks bind to cores of their own (``rank_resources.claim_cpus``):
-    ``bind_rank_cpus`` if set, else when each rank's bundle holds whole CPUs (a fractional
-    bundle shares its cores by design)."""
-    if config.bind_rank_cpus is not None:
-        return config.bind_rank_cpus
-    cpus = bundle.get("CPU", 0)
-    return cpus >= 1 and float(cpus).is_integer()
+def core_plan(config: EngineConfig, bundle: dict, ranks_here: int) -> tuple[int, int | None]:
+    """How the group's ``ranks_here`` ranks on one machine bind to cores: (cores to claim there,
+    cores each rank takes of them, None: all share them). The whole CPUs their bundles add up to
+    (Ray reserves them, but does not pin): each rank its own when its bundle holds whole CPUs,
+    shared when the bundles are fractional (two ranks of 0.5 CPU share one core). Nothing when
+    they add up to less than one CPU, on CUDA, or with ``bind_rank_cpus=False``."""
+    cpus = float(bundle.get("CPU", 0))
+    if config.bind_rank_cpus is False or config.resolve_device().type != "cpu" or cpus <= 0:
+        return 0, None
+    if cpus >= 1 and cpus.is_integer():
+        return int(cpus) * ranks_here, int(cpus)
+    return int(cpus * ranks_here + 1e-9), None
 
 
 def bundles_per_node(bundle: dict, nodes: list[dict]) -> list[int]:
@@ -138,13 +142,13 @@ class RayRankGroup:
             order = node_order(places)
             self.actors[:] = [actors[i] for i in order]
             self.places = [places[i] for i in order]
+            self._bind_cores(config)
             port = self._ray_collect([self.actors[0].free_port.remote()], _STARTUP_TIMEOUT_S, "rendezvous")[0]
             settings = asdict(config)
-            settings["bind_rank_cpus"] = False  # not by rank number: other engines' ranks share the node
+            settings["bind_rank_cpus"] = False  # not by rank number (``_bind_cores`` did it)
             threads = max(1, int(self.bundle.get("CPU", 1)))
             setups = [RankSetup(str(model_path), settings, rank, world_size, port, threads,
-                                master_addr=self.places[0].node_ip, device_index=0,
-                                claim_cpus=claims_cpus(config, self.bundle))
+                                master_addr=self.places[0].node_ip, device_index=0)
                       for rank in range(world_size)]
             started = self._ray_collect([a.start.remote(s) for a, s in zip(self.actors, setups)],
                                         _STARTUP_TIMEOUT_S, "start")
@@ -157,17 +161,31 @@ class RayRankGroup:
             self.close(kill=True)
             raise
 
+    def _bind_cores(self, config: EngineConfig) -> None:
+        """On each machine, the first rank there claims the cores the plan gives the group's
+        ranks there (``core_plan``) and every rank there binds to its share; a machine with
+        too few free cores leaves its ranks unbound."""
+        by_node: dict[str, list[int]] = {}
+        for rank, place in enumerate(self.places):
+            by_node.setdefault(place.node_id, []).append(rank)
+        for ranks in by_node.values():
+            cores, each = core_plan(config, self.bundle, len(ranks))
+            if cores < 1:
+                continue
+            claimed = self._ray_collect([self.actors[ranks[0]].claim_cpus.remote(cores)], _STARTUP_TIMEOUT_S,
+                                        "core claim")[0]
+            if not claimed:
+                continue
+            shares = [claimed if each is None else claimed[i * each:(i + 1) * each] for i in range(len(ranks))]
+            self._ray_collect([self.actors[r].hold_cpus.remote(tuple(c)) for r, c in zip(ranks, shares)],
+                              _STARTUP_TIMEOUT_S, "core binding")
+
     def step(self, commands: list[RankCommand]) -> list[StepResult]:
         """One command to every rank over its connection, one answer from each (in rank order)."""
         if self._closed:
             raise EngineDeadError("the expert-parallel rank group was shut down")
         try:
-            for conn, command in zip(self.conns, commands):
-                send(conn, command)
-        except OSError as err:
-            self._fail(f"a rank stopped reading its commands ({err})")
-        try:
-            return collect(self.conns, self.timeout_s, "step", self._dead_rank)
+            return exchange(self.conns, commands, self.timeout_s, self._dead_rank)
         except RankLost as lost:
             self._fail(str(lost))
 
@@ -226,11 +244,7 @@ class RayRankGroup:
         if not kill and self.conns:
             import ray
 
-            for conn in self.conns:
-                try:
-                    send(conn, RankCommand(step=False, shutdown=True))
-                except OSError:
-                    pass
+            ask_to_stop(self.conns)
             try:
                 ray.wait(self._serving, num_returns=len(self._serving), timeout=_STOP_GRACE_S)
             except Exception:  # noqa: BLE001 - they are killed next either way
