@@ -281,7 +281,8 @@ def test_removing_a_ranks_node_mid_job_ends_its_group_and_keeps_every_row_once(c
         wait_for(lambda: len(operator_pids()) >= 1 and len(set(_rank_pids()) - before) >= 2, 120, "two rank actors")
         time.sleep(3.0)  # rows are running on both ranks
         first_ranks = set(_rank_pids()) - before
-        [group] = [g for g in ray.util.placement_group_table().values() if g["state"] == "CREATED"]
+        [group] = [g for g in ray.util.placement_group_table().values()
+                   if g["state"] == "CREATED" and "ep_slot" in g["bundles"][0]]  # this job's (earlier ones may linger)
         victim = next(node for node in cluster.worker_nodes if node.node_id == group["bundles_to_node_id"][1])
         removed_at = time.monotonic()
         cluster.remove_node(victim, allow_graceful=False)
