@@ -134,14 +134,34 @@ def test_ranks_on_two_nodes_give_the_tokens_of_one_process_and_of_transformers(c
             engine.step()
         # The caller's handles follow what the ranks publish (not a driver copy left WAITING).
         assert sum(h.status is SequenceStatus.RUNNING and h.num_generated > 0 for h in handles) >= 4
+        # MIGRATE out of the group with its KV (from the rank over its connection), as the
+        # rebalancer does when shipping is cheaper than recomputing.
+        moved = engine.export_sequence(handles[0], with_kv=True)
+        assert moved.kv is not None and 0 < len(moved.output_token_ids) < MAX_NEW
         while engine.has_unfinished_requests():
             engine.step()
-        got = [h.output.token_ids for h in handles]
+        got = [h.output.token_ids for h in handles[1:]]
     finally:
         engine.close()
     _reap(pids)
+    got = [_continue_in_one_process(folder, moved)] + got
     assert got == _one_thread_tokens(folder, PROMPTS, _greedy())
     assert got == hf_greedy_continuations(model, PROMPTS, MAX_NEW)
+
+
+def _continue_in_one_process(folder, state) -> list[int]:
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with Engine(folder, EngineConfig(block_size=8)) as engine:
+            handle = engine.import_sequence(state)
+            while engine.has_unfinished_requests():
+                engine.step()
+            return handle.output.token_ids
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _live_groups() -> list[dict]:
