@@ -3,9 +3,11 @@
     BATCHGEN_DATA_CACHE=$PWD/.cache/batchgen-data .venv/bin/python benchmarks/logprobs.py   # ~1 min
 
 On the demo model (152k vocabulary), ``--rows`` rows x ``--max-tokens`` greedy tokens, ``--reps``
-alternating repetitions of: no logprobs, ``logprobs=0`` (the generated token only), ``logprobs=5``;
-the median ratio of time per output token against no logprobs (target: k <= 5 costs at most 5%
-at batch 64). Also the capture itself on one [rows, V] logits matrix. Writes
+alternating repetitions of: no logprobs and ``logprobs`` = 0 (the generated token only), 1, 5 and
+20; the min / median / max ratio of time per output token against no logprobs (target: k <= 5
+costs at most 5% at batch 64); and the same rows' prefill (one token out) with and without
+``prompt_logprobs=5`` (target: at most 1.15x). Also the capture itself on one [rows, V] logits
+matrix. Writes
 ``logprobs-cpu.json`` under ``--out`` (default ``docs/results``).
 """
 
@@ -24,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from batchgen_data import Engine, EngineConfig, SamplingParams  # noqa: E402
 from batchgen_data.engine.sample.logprob_capture import token_logprobs  # noqa: E402
+from batchgen_data.hardware import cpu_model  # noqa: E402
 
 
 def main() -> None:
@@ -36,15 +39,23 @@ def main() -> None:
     engine = Engine("demo", EngineConfig(max_num_seqs=args.rows))
     prompts = [f"Row {i}: label this review, number {i * 7919 % 1000}" for i in range(args.rows)]
     runs = {name: SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True, logprobs=k)
-            for name, k in (("none", None), ("k0", 0), ("k5", 5))}
-    for params in runs.values():
+            for name, k in (("none", None), ("k0", 0), ("k1", 1), ("k5", 5), ("k20", 20))}
+    # Prefill only (one token out): the prompt positions' logprobs against the same rows' prefill.
+    prefill = {name: SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, prompt_logprobs=k)
+               for name, k in (("prefill", None), ("prompt5", 5))}
+    for params in [*runs.values(), *prefill.values()]:
         engine.generate(prompts[:4], params)  # warm-up
     per_token: dict[str, list[float]] = {name: [] for name in runs}
+    prefill_s: dict[str, list[float]] = {name: [] for name in prefill}
     for rep in range(args.reps):
         for name in (list(runs) if rep % 2 == 0 else list(reversed(runs))):
             start = time.perf_counter()
             outs = engine.generate(prompts, runs[name])
             per_token[name].append(1e3 * (time.perf_counter() - start) / sum(o.num_generated_tokens for o in outs))
+        for name in (list(prefill) if rep % 2 == 0 else list(reversed(prefill))):
+            start = time.perf_counter()
+            engine.generate(prompts, prefill[name])
+            prefill_s[name].append(time.perf_counter() - start)
     vocab = engine.executor.model.config.vocab_size
     source = 4 * torch.randn(args.rows, vocab)
     tokens = source.argmax(-1)
@@ -57,17 +68,25 @@ def main() -> None:
         times.append(time.perf_counter() - start)
     capture_ms = 1e3 * statistics.median(times[1:])
     engine.close()
-    result = {"rows": args.rows, "max_tokens": args.max_tokens, "ms_per_token": per_token,
-              "capture_ms_k5": capture_ms,
-              "ratio": {name: statistics.median(v / b for v, b in zip(per_token[name], per_token["none"]))
-                        for name in ("k0", "k5")}}
+
+    def spread(ratios: list[float]) -> dict:
+        return {"min": min(ratios), "median": statistics.median(ratios), "max": max(ratios)}
+
+    result = {"rows": args.rows, "max_tokens": args.max_tokens, "reps": args.reps, "cpu": cpu_model(),
+              "ms_per_token": per_token, "prefill_s": prefill_s, "capture_ms_k5": capture_ms,
+              "ratio": {name: spread([v / b for v, b in zip(per_token[name], per_token["none"])])
+                        for name in runs if name != "none"},
+              "prompt_logprobs_ratio": spread([v / b for v, b in zip(prefill_s["prompt5"], prefill_s["prefill"])])}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "logprobs-cpu.json").write_text(json.dumps(result, indent=2))
-    print(f"{args.rows} rows x {args.max_tokens} tokens, median of {args.reps}:")
+    print(f"{args.rows} rows x {args.max_tokens} tokens, {args.reps} alternating reps on {cpu_model()}; "
+          "ratio per output token against no logprobs, min / median / max:")
     for name in runs:
-        ratio = result["ratio"].get(name)
+        r = result["ratio"].get(name)
         print(f"  {name:5s} {statistics.median(per_token[name]):.3f} ms/token"
-              + (f"  {ratio:.3f}x no logprobs" if ratio else ""))
+              + (f"  {r['min']:.3f} / {r['median']:.3f} / {r['max']:.3f}x" if r else ""))
+    r = result["prompt_logprobs_ratio"]
+    print(f"  prompt_logprobs=5 against the same rows' prefill: {r['min']:.3f} / {r['median']:.3f} / {r['max']:.3f}x")
     print(f"  capture alone (k=5, {args.rows} rows): {capture_ms:.2f} ms per step")
 
 

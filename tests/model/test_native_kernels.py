@@ -245,3 +245,40 @@ def test_the_fused_decode_blocks_match_the_torch_path(native, tiny_checkpoint, a
             assert (out_counts is None and ref_counts is None) or out_counts.tolist() == ref_counts.tolist()
     finally:
         use_native_kernels(was)
+
+
+@settings(max_examples=25, deadline=None)
+@given(rows=st.integers(1, 5), vocab=st.integers(1, 40000), masked=st.floats(0.0, 0.99), scale=st.floats(0.1, 80.0),
+       seed=st.integers(0, 2**16))
+def test_logit_row_stats_match_torch(native, rows, vocab, masked, scale, seed):
+    """Block maxima exactly, log sum exp within float rounding, over vocabularies that leave a
+    tail outside the blocks, with masked (-inf) logits and logits far from 0 (no shift is safe)."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, vocab, generator=g) * scale + scale
+    logits[torch.rand(rows, vocab, generator=g) < masked] = float("-inf")
+    logits[:, 0] = torch.randn(rows, generator=g)  # every row keeps one finite logit
+    block = 64
+    block_max, log_norm = native.logit_row_stats(logits, block)
+    blocks = vocab // block
+    assert torch.equal(block_max, logits[:, :blocks * block].reshape(rows, blocks, block).amax(dim=-1))
+    torch.testing.assert_close(log_norm, torch.logsumexp(logits.double(), dim=-1, keepdim=True).float(),
+                               rtol=2e-6, atol=2e-6)
+
+
+def test_logprobs_take_one_native_read_of_each_row_and_keep_their_values(native, monkeypatch):
+    """``token_logprobs`` with the native statistics gives what the torch passes give."""
+    from batchgen_data.engine.sample import logprob_capture
+    from batchgen_data.model import native as native_module
+
+    g = torch.Generator().manual_seed(7)
+    logits = torch.randn(6, 152_064, generator=g) * 4
+    chosen = torch.randint(0, 152_064, (6,), generator=g)
+    ks = [0, 1, 5, 20, 3, 5]
+    monkeypatch.setattr(native_module, "_ACTIVE", {"on": False})
+    torch_path = logprob_capture.token_logprobs(logits.clone(), chosen, ks)
+    monkeypatch.setattr(native_module, "_ACTIVE", {"on": True})
+    assert logprob_capture._native_stats(logits) is not None
+    native_path = logprob_capture.token_logprobs(logits.clone(), chosen, ks)
+    for a, b in zip(torch_path, native_path):
+        assert a.token_ids == b.token_ids and a.ranks == b.ranks
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5

@@ -1,4 +1,6 @@
-"""Computing ``TokenLogprobs`` from logits rows: three cheap passes and one exp pass per row.
+"""Computing ``TokenLogprobs`` from logits rows: one read of each row where the native kernels
+are on (``model/native/logit_stats.cpp``: block maxima and log sum exp, chunk by chunk while the
+chunk is in cache, with a vectorised exp), else three cheap passes and one exp pass.
 
 NOTE: log p(t) = x_t - logsumexp(x). Over a 152k-token vocabulary every full pass counts
 (``benchmarks/logprobs.py``), so:
@@ -35,7 +37,9 @@ def token_logprobs(logits: torch.Tensor, chosen: torch.Tensor, ks: list[int],
     if logits.shape[0] == 0:
         return []
     k_max = max(1, max(ks))
-    top_values, top_ids = _topk(logits, k_max)  # [n, k_max], descending
+    stats = _native_stats(logits)
+    block_max, native_log_norm = stats if stats is not None else (None, None)
+    top_values, top_ids = _topk(logits, k_max, block_max)  # [n, k_max], descending
     row_max = top_values[:, :1]  # [n, 1]
     chosen = chosen.to(logits.device)
     chosen_value = logits.gather(1, chosen[:, None])  # [n, 1]
@@ -45,10 +49,13 @@ def token_logprobs(logits: torch.Tensor, chosen: torch.Tensor, ks: list[int],
     if bool(outside.any()):
         rows = outside.nonzero().squeeze(1)
         ranks[rows] = (logits[rows] >= chosen_value[rows]).sum(dim=-1)
-    work = logits if overwrite else logits.clone()
-    if -_NO_SHIFT_LIMIT < float(row_max.min()) and float(row_max.max()) < _NO_SHIFT_LIMIT:
+    if native_log_norm is not None:
+        log_norm = native_log_norm
+    elif -_NO_SHIFT_LIMIT < float(row_max.min()) and float(row_max.max()) < _NO_SHIFT_LIMIT:
+        work = logits if overwrite else logits.clone()
         log_norm = torch.log(work.exp_().sum(dim=-1, keepdim=True))  # no overflow: skip the shift pass
     else:
+        work = logits if overwrite else logits.clone()
         log_norm = row_max + torch.log(work.sub_(row_max).exp_().sum(dim=-1, keepdim=True))  # [n, 1]
     top_lp = (top_values - log_norm).tolist()
     top_ids_list = top_ids.tolist()
@@ -68,14 +75,27 @@ def token_logprobs(logits: torch.Tensor, chosen: torch.Tensor, ks: list[int],
     return out
 
 
-def _topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``logits.topk(k)`` through block maxima (see module NOTE) when the row is long."""
+def _native_stats(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Block maxima and log sum exp from the native kernel in one read of each row, where the
+    engine turned the native kernels on and the logits are fp32 on CPU."""
+    from batchgen_data.model.native import active_native
+
+    native = active_native()
+    if native is None or logits.dtype != torch.float32 or logits.device.type != "cpu":
+        return None
+    return native.logit_row_stats(logits, _BLOCK)
+
+
+def _topk(logits: torch.Tensor, k: int, block_max: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``logits.topk(k)`` through block maxima (see module NOTE; ``block_max`` when the caller
+    has them) when the row is long."""
     n, vocab = logits.shape
     blocks = vocab // _BLOCK
     if blocks < 4 * k:
         return logits.topk(k, dim=-1)
     head = blocks * _BLOCK
-    block_max = logits[:, :head].reshape(n, blocks, _BLOCK).amax(dim=-1)  # [n, blocks]
+    if block_max is None:
+        block_max = logits[:, :head].reshape(n, blocks, _BLOCK).amax(dim=-1)  # [n, blocks]
     best = block_max.topk(k, dim=-1).indices  # [n, k]
     candidates = (best[:, :, None] * _BLOCK + torch.arange(_BLOCK, device=logits.device)).reshape(n, -1)
     if head < vocab:  # the tail that does not fill a block is always a candidate

@@ -54,6 +54,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                             as<const float>(w_gate_up), as<const float>(w_down), F, as<const int64_t>(row_of),
                             num_rows, as<int64_t>(counts));
   }, py::call_guard<py::gil_scoped_release>());
+  m.def("logit_row_stats", [](std::uintptr_t x, int64_t n, int64_t V, int64_t block, std::uintptr_t block_max,
+                              std::uintptr_t log_norm) {
+    return logit_row_stats(as<const float>(x), n, V, block, as<float>(block_max), as<float>(log_norm));
+  }, py::call_guard<py::gil_scoped_release>());
   m.def("paged_decode_attention_into", [](std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t table,
                                           std::uintptr_t ctx, std::uintptr_t out, int64_t B, int64_t Nq, int64_t D,
                                           int64_t block_size, int64_t Nkv, int64_t P, int64_t num_blocks, double scale,

@@ -47,3 +47,9 @@ bool attention_block_decode(const float* h, float* h_out, int64_t T, int64_t H, 
 bool moe_block_decode(const float* h, float* h_out, int64_t T, int64_t H, const float* norm_w, float eps,
                       const float* w_router, int64_t E, int64_t K, bool renormalize, const float* w_gate_up,
                       const float* w_down, int64_t F, const int64_t* row_of, int64_t num_rows, int64_t* counts);
+
+// For logprobs, per row of x [n, V]: block_max [n, V / block] (the maxima of whole blocks of
+// `block` tokens; the tail V % block is in none) and log_norm [n] = log sum_j exp(x[j]), reading
+// each row once from memory. False (nothing computed) unless block is a positive multiple of the
+// vector width.
+bool logit_row_stats(const float* x, int64_t n, int64_t V, int64_t block, float* block_max, float* log_norm);

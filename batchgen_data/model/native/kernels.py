@@ -82,6 +82,20 @@ class NativeKernels:
                              f"block beyond the {num_blocks} pages")
         return out
 
+    def logit_row_stats(self, logits: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """For logprobs, reading each row of ``logits`` [n, V] once: the maxima of its whole
+        blocks of ``block`` tokens [n, V // block] and log sum exp [n, 1]; None where the kernel
+        does not apply (``block`` not a multiple of the vector width)."""
+        _check_fp32_cpu(logits)
+        logits = logits.contiguous()
+        n, vocab = logits.shape
+        block_max = torch.empty(n, vocab // block)
+        log_norm = torch.empty(n, 1)
+        if not self.library.logit_row_stats(logits.data_ptr(), n, vocab, block, block_max.data_ptr(),
+                                            log_norm.data_ptr()):
+            return None
+        return block_max, log_norm
+
 
 _FP32 = torch.float32
 

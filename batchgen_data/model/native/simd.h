@@ -14,6 +14,14 @@ inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline vec vset1(float a) { return _mm512_set1_ps(a); }
 inline void vstore(float* p, vec v) { _mm512_storeu_ps(p, v); }
 inline float vsum(vec v) { return _mm512_reduce_add_ps(v); }
+inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
+inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
+inline vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
+inline float vmaxall(vec v) { return _mm512_reduce_max_ps(v); }
+inline vec vround(vec v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline vec vpow2i(vec n) {  // 2^n for integral n in [-126, 127]
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+}
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 constexpr int64_t kWidth = 8;
@@ -29,6 +37,19 @@ inline float vsum(vec v) {
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
+inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
+inline vec vsub(vec a, vec b) { return _mm256_sub_ps(a, b); }
+inline vec vmax(vec a, vec b) { return _mm256_max_ps(a, b); }
+inline float vmaxall(vec v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+inline vec vround(vec v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline vec vpow2i(vec n) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+}
 #else
 constexpr int64_t kWidth = 1;  // portable: the compiler vectorises what it can
 typedef float vec;
@@ -38,7 +59,30 @@ inline vec vfma(vec a, vec b, vec c) { return a * b + c; }
 inline vec vset1(float a) { return a; }
 inline void vstore(float* p, vec v) { *p = v; }
 inline float vsum(vec v) { return v; }
+inline vec vadd(vec a, vec b) { return a + b; }
+inline vec vsub(vec a, vec b) { return a - b; }
+inline vec vmax(vec a, vec b) { return a > b ? a : b; }
+inline float vmaxall(vec v) { return v; }
+inline vec vround(vec v) { return __builtin_nearbyintf(v); }
+inline vec vpow2i(vec n) { return __builtin_ldexpf(1.f, static_cast<int>(n)); }
 #endif
+
+// exp(x) for x <= 0 (Cody-Waite reduction, degree-6 polynomial: relative error ~2e-7; below -87
+// the result is exp(-87) ~ 1.6e-38, not 0, and a NaN input gives that too).
+inline vec vexp_nonpos(vec x) {
+  x = vmax(x, vset1(-87.f));
+  const vec n = vround(vfma(x, vset1(1.44269504088896341f), vzero()));
+  vec r = vfma(n, vset1(-0.693145751953125f), x);
+  r = vfma(n, vset1(-1.428606765330187e-06f), r);
+  vec p = vset1(1.f / 720.f);
+  p = vfma(p, r, vset1(1.f / 120.f));
+  p = vfma(p, r, vset1(1.f / 24.f));
+  p = vfma(p, r, vset1(1.f / 6.f));
+  p = vfma(p, r, vset1(0.5f));
+  p = vfma(p, r, vset1(1.f));
+  p = vfma(p, r, vset1(1.f));
+  return vfma(p, vpow2i(n), vzero());
+}
 
 // sum_d a[d] * b[d]
 inline float dot(const float* a, const float* b, int64_t n) {
