@@ -262,7 +262,7 @@ def test_logit_row_stats_match_torch(native, rows, vocab, masked, scale, seed):
     blocks = vocab // block
     assert torch.equal(block_max, logits[:, :blocks * block].reshape(rows, blocks, block).amax(dim=-1))
     torch.testing.assert_close(log_norm, torch.logsumexp(logits.double(), dim=-1, keepdim=True).float(),
-                               rtol=2e-6, atol=2e-6)
+                               rtol=2e-5, atol=2e-5)  # the portable (non-AVX) build sums serially
 
 
 def test_logprobs_take_one_native_read_of_each_row_and_keep_their_values(native, monkeypatch):
