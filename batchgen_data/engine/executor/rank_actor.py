@@ -20,7 +20,6 @@ the driver to the rank's node instead of actor calls, which cost ~2 ms more per 
 
 from __future__ import annotations
 
-import hmac
 import os
 import socket
 import threading
@@ -29,8 +28,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from batchgen_data.engine.executor.rank_protocol import RankFailure, RankReady, RankSetup, send
-
-_TOKEN_TIMEOUT_S = 30.0  # for a connecting peer to send the token
+from batchgen_data.engine.executor.token_link import accept_with_token, connect_with_token
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,19 +100,10 @@ class RankActor:
             conn.close()
 
     def _accept(self) -> Connection:
-        """The first connection that sends the token (others are closed)."""
-        while True:
-            sock, _ = self.listener.accept()
-            sock.settimeout(_TOKEN_TIMEOUT_S)
-            try:
-                got = _read_exactly(sock, len(self.token))
-            except OSError:
-                got = b""
-            if hmac.compare_digest(got, self.token):
-                sock.settimeout(None)
-                self.listener.close()
-                return Connection(sock.detach())
-            sock.close()
+        """The driver's command connection (the first that sends the token)."""
+        sock = accept_with_token(self.listener, self.token)
+        self.listener.close()
+        return Connection(sock.detach())
 
 
 def watch_lifeline(address: tuple[str, int], token: bytes) -> None:
@@ -126,9 +115,7 @@ def watch_lifeline(address: tuple[str, int], token: bytes) -> None:
     a connection to the engine's process from its first moment; when that closes — the engine
     closed, its process died or was ended without running any cleanup — the rank removes the
     group's placement group (which ends every rank in it) and exits."""
-    sock = socket.create_connection(address, timeout=_TOKEN_TIMEOUT_S)
-    sock.sendall(token)
-    sock.settimeout(None)
+    sock = connect_with_token(address, token)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):  # a vanished host: ~25 s
         if hasattr(socket, name):
@@ -151,13 +138,3 @@ def _await_close(sock: socket.socket) -> None:
             remove_placement_group(group)
     finally:
         os._exit(0)
-
-
-def _read_exactly(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            break
-        data += chunk
-    return data

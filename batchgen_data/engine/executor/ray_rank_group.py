@@ -23,7 +23,8 @@ the ranks start and how they are reached:
 One failure unit: an actor that dies (its process or its node), a rank whose step raises (a
 collective that lost its peer), or an answer later than ``rank_timeout_s`` fails the group:
 every actor is killed, the placement group removed, and ``EngineDeadError`` raised. The actors
-are owned by the process that built the engine, so Ray ends them with it.
+are detached and end themselves, with their placement group, when the engine's lifeline closes
+however its process ends (``rank_actor.watch_lifeline``).
 """
 
 from __future__ import annotations
@@ -40,13 +41,13 @@ from batchgen_data.config import EngineConfig
 from batchgen_data.engine.executor.rank_actor import RankActor, RankPlace
 from batchgen_data.engine.executor.rank_answers import RankLost, ask_to_stop, exchange
 from batchgen_data.engine.executor.rank_protocol import RankCommand, RankReady, RankSetup, StepResult
+from batchgen_data.engine.executor.token_link import TOKEN_TIMEOUT_S, accept_with_token, connect_with_token
 from batchgen_data.errors import ConfigError, EngineDeadError
 
 logger = logging.getLogger(__name__)
 
 _STARTUP_TIMEOUT_S = 600.0  # as local ranks: loading, joining, DeepSpeed's first op build
 _STOP_GRACE_S = 5.0
-_CONNECT_TIMEOUT_S = 30.0
 
 
 def rank_bundle(config: EngineConfig) -> dict:
@@ -154,7 +155,7 @@ class RayRankGroup:
                                         _STARTUP_TIMEOUT_S, "start")
             self.ready: list[RankReady] = [ready for ready, _ in started]
             self._serving = [a.serve.remote() for a in self.actors]  # each ends only when its rank does
-            self.conns = [_connect(place.node_ip, rank_port, token)
+            self.conns = [Connection(connect_with_token((place.node_ip, rank_port), token).detach())
                           for place, (_, rank_port) in zip(self.places, started)]
             self._held.extend(self.conns)
         except BaseException:
@@ -263,34 +264,12 @@ class RayRankGroup:
 
 def _accept_lifelines(listener: socket.socket, token: bytes, count: int) -> list[socket.socket]:
     """The ranks' lifeline connections (each connected in its actor's constructor, so all are
-    queued once every ``where`` answered); any without the token is closed."""
-    listener.settimeout(_CONNECT_TIMEOUT_S)
-    lines = []
+    queued once every ``where`` answered)."""
+    listener.settimeout(TOKEN_TIMEOUT_S)
     try:
-        while len(lines) < count:
-            sock, _ = listener.accept()
-            sock.settimeout(_CONNECT_TIMEOUT_S)
-            got = b""
-            while len(got) < len(token):
-                chunk = sock.recv(len(token) - len(got))
-                if not chunk:
-                    break
-                got += chunk
-            if got == token:
-                lines.append(sock)
-            else:
-                sock.close()
+        return [accept_with_token(listener, token) for _ in range(count)]
     finally:
         listener.close()
-    return lines
-
-
-def _connect(host: str, port: int, token: bytes) -> Connection:
-    """The driver's connection to one rank: TCP to its node, the token first."""
-    sock = socket.create_connection((host, port), timeout=_CONNECT_TIMEOUT_S)
-    sock.sendall(token)
-    sock.settimeout(None)  # blocking again: ``Connection`` reads the descriptor directly
-    return Connection(sock.detach())
 
 
 def node_order(places: list[RankPlace]) -> list[int]:
