@@ -24,7 +24,7 @@ own ``build_processor``, so a file building one beside an engine processor keeps
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from batchgen_data.engine_args import engine_config_fields, to_engine_config
@@ -222,7 +222,8 @@ class BatchGenProcessorConfig:
         bundles are the ranks' (N equal bundles, one bundle, or ``bundle_per_worker``); with one
         rank, one bundle is the engine actor's, as before. Anything else is a ``ConfigError``."""
         group = self.placement_group_config or {}
-        ranks = to_engine_config(self.engine_kwargs_here(), self.model_source).expert_parallel_size
+        config = to_engine_config(self.engine_kwargs_here(), self.model_source)
+        ranks = config.expert_parallel_size
         bundles = group.get("bundles")
         if group.get("bundle_per_worker") is not None:
             bundles = [group["bundle_per_worker"]]
@@ -238,6 +239,7 @@ class BatchGenProcessorConfig:
             fields["rank_resources"] = dict(bundles[0])
         if group.get("strategy") is not None:
             fields["placement_strategy"] = group["strategy"]
+        replace(config, **fields)  # a strategy or bundle EngineConfig refuses fails when the processor is built
         return fields
 
     def operator_kwargs(self, chat_template_kwargs: dict | None = None) -> dict:

@@ -28,6 +28,7 @@ import sys
 import threading
 from pathlib import Path
 
+from batchgen_data.config import PLACEMENT_STRATEGIES
 from batchgen_data.errors import BatchGenError, ConfigError
 from batchgen_data.jobs.sizes import parse_byte_size
 from batchgen_data.operators.rows import STAGE_SAMPLING_DEFAULTS, TASK_TYPES
@@ -126,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     dist.add_argument("--max-concurrent-batches", type=int, default=4,
                       help="batches in flight per actor")
     dist.add_argument("--cpus-per-worker", type=float, default=None)
-    dist.add_argument("--placement-strategy", choices=("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
+    dist.add_argument("--placement-strategy", choices=PLACEMENT_STRATEGIES,
                       default="PACK", help="with --expert-parallel-size N on Ray: how each engine's N rank "
                                            "actors are placed (one placement group per engine)")
     dist.add_argument("--cpus-per-rank", type=float, default=None,

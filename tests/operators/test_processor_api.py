@@ -163,6 +163,8 @@ def test_placement_group_config_sizes_the_expert_parallel_ranks():
     assert placement(1, {"bundles": [{"CPU": 1}]}) == {}  # one rank: the bundle is the actor's
     with pytest.raises(ConfigError, match="takes 2 equal bundles"):
         placement(2, {"bundles": [{"CPU": 1}, {"CPU": 2}]})
+    with pytest.raises(ConfigError, match="placement_strategy must be one of"):
+        placement(2, {"bundles": [{"CPU": 1}] * 2, "strategy": "PACKED"})
     config = vLLMEngineProcessorConfig(engine_kwargs={"enable_expert_parallel": True, "tensor_parallel_size": 2},
                                        placement_group_config={"bundles": [{"CPU": 1}] * 2, "strategy": "SPREAD"})
     assert config.operator_kwargs()["engine_config"] == {"expert_parallel_size": 2, "rank_resources": {"CPU": 1},
