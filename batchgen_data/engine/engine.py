@@ -86,7 +86,7 @@ class Engine:
         if self.config.expert_parallel_size > 1:
             return ExpertParallelExecutor(self.model_path, self.config, model_config, self._now)
         return InProcessExecutor(self.model_path, self.config, self._now, self.tokenizer.eos_token_ids,
-                                 self.tokenizer.decode)
+                                 self.tokenizer.decode, hf_tokenizer=self.tokenizer.hf)
 
     # -- requests -------------------------------------------------------------------------------
 

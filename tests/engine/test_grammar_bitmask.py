@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from batchgen_data.engine.sample.sampler import Sampler, SamplingBatch, first_argmax
 from batchgen_data.engine.sample.bitmask import (
@@ -15,6 +17,21 @@ from batchgen_data.engine.sample.bitmask import (
 )
 
 VOCAB = 300  # not a multiple of 32: the last word has padding bits
+
+
+@pytest.fixture(params=["numpy", "native"])
+def kernel(request):
+    """Each test runs on both CPU paths: numpy and torch, and the native kernel."""
+    from batchgen_data.model.native import _ACTIVE, load_native, use_native_kernels
+
+    if request.param == "native" and load_native() is None:
+        pytest.skip("the native kernels cannot be built here")
+    was = _ACTIVE["on"]
+    use_native_kernels(request.param == "native")
+    try:
+        yield request.param
+    finally:
+        use_native_kernels(was)
 
 
 def _masks(rng: np.random.Generator, num: int) -> np.ndarray:
@@ -42,7 +59,7 @@ def _masks(rng: np.random.Generator, num: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("greedy", [True, False])
-def test_kernel_matches_definition(greedy):
+def test_kernel_matches_definition(kernel, greedy):
     rng = np.random.default_rng(0)
     logits = torch.randn(12, VOCAB)
     rows = [0, 2, 3, 5, 6, 7, 8, 9, 11, 1]
@@ -63,7 +80,7 @@ def test_kernel_matches_definition(greedy):
     assert torch.equal(out[untouched], logits[untouched])
 
 
-def test_greedy_pick_takes_the_first_maximum_among_allowed():
+def test_greedy_pick_takes_the_first_maximum_among_allowed(kernel):
     logits = torch.zeros(1, VOCAB)
     logits[0, [5, 40, 41]] = 3.0  # tied maximum; 5 is disallowed
     mask = np.zeros((1, (VOCAB + 31) // 32), np.int32)
@@ -72,7 +89,7 @@ def test_greedy_pick_takes_the_first_maximum_among_allowed():
     assert picks.tokens.tolist() == [40]
 
 
-def test_sampler_samples_only_allowed_tokens():
+def test_sampler_samples_only_allowed_tokens(kernel):
     rng = np.random.default_rng(1)
     n = 10
     mask = _masks(rng, n)
@@ -88,3 +105,46 @@ def test_device_unpacking_matches_the_cpu_one():
     """The CUDA path's shift-based unpacking (run here on CPU tensors) equals numpy's."""
     mask = _masks(np.random.default_rng(2), 7)
     assert torch.equal(_unpack_disallowed_device(torch.from_numpy(mask)), _unpack_disallowed_cpu(mask))
+
+
+@settings(max_examples=60, deadline=None)
+@given(vocab=st.integers(1, 200), seed=st.integers(0, 2**31 - 1), density=st.sampled_from([0.0, 0.02, 0.5, 0.98, 1.0]),
+       specials=st.lists(st.sampled_from(["nan", "-inf", "inf", "tie"]), max_size=3))
+def test_native_kernel_matches_the_definition_on_generated_rows(vocab, seed, density, specials):
+    """Any vocabulary size (padding bits), density, NaN, infinities and ties: a greedy row's pick
+    is the first maximum over its allowed tokens (NaN first, as argmax) and the row is not
+    written; every other row equals its masked row exactly; rows outside ``rows`` are untouched."""
+    from batchgen_data.model.native import load_native
+
+    native = load_native()
+    if native is None:
+        pytest.skip("the native kernels cannot be built here")
+    rng = np.random.default_rng(seed)
+    n_rows = 6
+    logits = torch.from_numpy(rng.standard_normal((n_rows, vocab)).astype(np.float32))
+    for special in specials:
+        row, col = int(rng.integers(n_rows)), int(rng.integers(vocab))
+        logits[row, col] = logits[row].max() if special == "tie" else float(special)
+    rows = [r for r in range(n_rows) if rng.random() < 0.8] or [0]
+    words = (vocab + 31) // 32
+    bits = rng.random((len(rows), words * 32)) < density
+    bits[:, vocab:] = rng.random((len(rows), words * 32 - vocab)) < 0.5  # padding bits: ignored either way
+    mask = np.packbits(bits.astype(np.uint8), axis=1, bitorder="little").view(np.int32)
+    greedy = rng.random(len(rows)) < 0.5
+    expected = reference_masked(logits, mask, rows)
+    out = logits.clone()
+    picks = native.grammar_mask(out, np.array(rows), mask, greedy)
+    same = lambda a, b: torch.equal(a.nan_to_num(nan=7.0), b.nan_to_num(nan=7.0))  # noqa: E731
+    for i, row in enumerate(rows):
+        allowed = np.flatnonzero(bits[i, :vocab])
+        if greedy[i] and len(allowed):
+            values = logits[row, torch.from_numpy(allowed)]
+            nans = torch.isnan(values).nonzero()
+            first = int(nans[0]) if len(nans) else int((values == values.max()).nonzero()[0])
+            assert picks[i] == allowed[first]
+            assert same(out[row], logits[row]), "a picked greedy row is not written"
+        else:
+            assert picks[i] == -1
+            assert same(out[row], expected[row]), row
+    untouched = [r for r in range(n_rows) if r not in rows]
+    assert same(out[untouched], logits[untouched])

@@ -64,12 +64,14 @@ class InProcessExecutor:
         clock: seconds since the engine started (when a request arrived or was imported).
         eos_token_ids, detokenize: the tokenizer's, for the stop rules.
         expert_shard: an expert-parallel rank's shard: load only its experts.
+        hf_tokenizer: the engine's loaded Hugging Face tokenizer, if any: the grammars' tokenizer
+            view is built from it (not from a second copy loaded from the folder).
     """
 
     def __init__(self, model_path: str | os.PathLike, config: EngineConfig, clock: Callable[[], float],
                  eos_token_ids: frozenset[int] = frozenset(),
                  detokenize: Callable[[list[int]], str] | None = None,
-                 expert_shard: ExpertShard | None = None):
+                 expert_shard: ExpertShard | None = None, hf_tokenizer=None):
         self.config = config
         self._clock = clock
         device = config.resolve_device()
@@ -88,7 +90,8 @@ class InProcessExecutor:
         num_blocks = _num_kv_blocks(config, running, max_model_len, block_bytes, _kv_share_bytes(self.model, config))
         self.kv_cache = self.model.new_kv_cache(num_blocks, config.block_size)
         # Grammars for structured outputs (nothing is loaded until a constrained request comes).
-        self.structured = StructuredOutputManager(model_path, self.model.config.vocab_size, eos_token_ids)
+        self.structured = StructuredOutputManager(model_path, self.model.config.vocab_size, eos_token_ids,
+                                                  hf_tokenizer)
         self.scheduler = Scheduler(
             dataclasses.replace(config, max_num_seqs=running) if running != config.max_num_seqs else config,
             num_blocks,

@@ -32,9 +32,18 @@ def counter_uniform(seeds, steps) -> np.ndarray:
     return (x >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
-def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """logits: [N, V] fp32 -> token ids [N] (int64, same device)."""
-    tokens = first_argmax(logits)  # greedy for every row; sampled rows overwritten below
+def sample(logits: torch.Tensor, batch: SamplingBatch, chosen: torch.Tensor | None = None) -> torch.Tensor:
+    """logits: [N, V] fp32 -> token ids [N] (int64, same device). ``chosen``: [k] greedy rows
+    whose token the caller has already (the grammar mask's picks): their entries are left 0."""
+    if chosen is None:
+        tokens = first_argmax(logits)  # greedy for every row; sampled rows overwritten below
+    else:
+        tokens = torch.zeros(logits.shape[0], dtype=torch.int64, device=logits.device)
+        free = torch.ones(logits.shape[0], dtype=torch.bool, device=logits.device)
+        free[chosen] = False
+        if bool(free.any()):
+            rows = free.nonzero().squeeze(1)
+            tokens[rows] = first_argmax(logits[rows])
     if batch.all_greedy:
         return tokens
     idx = (batch.temperatures > 0.0).nonzero().squeeze(1)  # [n] rows that sample

@@ -142,10 +142,13 @@ class Sample:
         return True
 
     def __call__(self, state: SamplingState, batch: SamplingBatch) -> None:
-        tokens = sample(state.logits, batch)
         picks = state.forced
-        if picks is not None:  # greedy rows whose token the mask step chose among few allowed
-            tokens[picks.rows.to(tokens.device)] = picks.tokens.to(tokens.device)
+        if picks is None:
+            tokens = sample(state.logits, batch)
+        else:  # greedy rows whose token the mask step chose: no argmax over them again
+            rows = picks.rows.to(state.logits.device)
+            tokens = sample(state.logits, batch, chosen=rows)
+            tokens[rows] = picks.tokens.to(tokens.device)
         state.tokens = tokens
 
 

@@ -35,11 +35,12 @@ class StructuredOutputManager:
     """Grammar state for every constrained sequence of one scheduler (see module NOTE).
 
     Args:
-        tokenizer_folder, vocab_size, eos_token_ids: the model's (``GrammarCompiler``).
+        tokenizer_folder, vocab_size, eos_token_ids, hf_tokenizer: the model's (``GrammarCompiler``).
     """
 
-    def __init__(self, tokenizer_folder: str | Path, vocab_size: int, eos_token_ids: frozenset[int]):
-        self.compiler = GrammarCompiler(tokenizer_folder, vocab_size, eos_token_ids)
+    def __init__(self, tokenizer_folder: str | Path, vocab_size: int, eos_token_ids: frozenset[int],
+                 hf_tokenizer=None):
+        self.compiler = GrammarCompiler(tokenizer_folder, vocab_size, eos_token_ids, hf_tokenizer)
         self.num_words = (vocab_size + 31) // 32
         self.mask_s = 0.0  # seconds spent filling masks (the benchmark's per-step mask time)
 

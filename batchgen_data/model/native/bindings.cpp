@@ -58,6 +58,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                               std::uintptr_t log_norm) {
     return logit_row_stats(as<const float>(x), n, V, block, as<float>(block_max), as<float>(log_norm));
   }, py::call_guard<py::gil_scoped_release>());
+  m.def("grammar_mask", [](std::uintptr_t x, int64_t num_rows, int64_t V, std::uintptr_t rows, int64_t n,
+                           std::uintptr_t words, int64_t W, std::uintptr_t greedy, std::uintptr_t picks) {
+    return grammar_mask(as<float>(x), num_rows, V, as<const int64_t>(rows), n, as<const int32_t>(words), W,
+                        as<const uint8_t>(greedy), as<int64_t>(picks));
+  }, py::call_guard<py::gil_scoped_release>());
   m.def("paged_decode_attention_into", [](std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t table,
                                           std::uintptr_t ctx, std::uintptr_t out, int64_t B, int64_t Nq, int64_t D,
                                           int64_t block_size, int64_t Nkv, int64_t P, int64_t num_blocks, double scale,

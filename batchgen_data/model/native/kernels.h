@@ -53,3 +53,11 @@ bool moe_block_decode(const float* h, float* h_out, int64_t T, int64_t H, const 
 // each row once from memory. False (nothing computed) unless block is a positive multiple of the
 // vector width.
 bool logit_row_stats(const float* x, int64_t n, int64_t V, int64_t block, float* block_max, float* log_norm);
+
+// Structured outputs: grammar bitmasks ([n, W] int32 words, W = ceil(V / 32); bit t % 32 of word
+// t / 32 allows token t) on rows rows[i] of x [num_rows, V]. A greedy row (greedy[i] != 0) is not
+// written: picks[i] is the first maximum over its allowed tokens (NaN first, as argmax). Every
+// other row, and a greedy row allowing nothing (picks[i] = -1), gets -inf at each disallowed
+// token. False (nothing done) for a row index out of range or W that does not match V.
+bool grammar_mask(float* x, int64_t num_rows, int64_t V, const int64_t* rows, int64_t n, const int32_t* words,
+                  int64_t W, const uint8_t* greedy, int64_t* picks);

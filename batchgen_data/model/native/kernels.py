@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
+import numpy as np
 import torch
 
 
@@ -95,6 +96,28 @@ class NativeKernels:
                                             log_norm.data_ptr()):
             return None
         return block_max, log_norm
+
+    def grammar_mask(self, logits: torch.Tensor, rows: np.ndarray, words: np.ndarray, greedy: np.ndarray) -> np.ndarray:
+        """Structured outputs on ``logits`` [N, V] (in place): rows ``rows`` [n] int64 under the
+        bitmasks ``words`` [n, ceil(V / 32)] int32. A ``greedy`` [n] row allowing some token is
+        not written: its entry in the returned picks [n] int64 is its first maximum over the
+        allowed tokens. Every other row gets -inf at its disallowed tokens (pick -1)."""
+        _check_fp32_cpu(logits)
+        if not logits.is_contiguous() or logits.dim() != 2:
+            raise ValueError(f"grammar_mask: contiguous logits [N, V], got {tuple(logits.shape)}")
+        num_rows, vocab = logits.shape
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        words = np.ascontiguousarray(words, dtype=np.int32)
+        greedy = np.ascontiguousarray(greedy, dtype=np.uint8)
+        n = rows.shape[0]
+        if words.shape != (n, (vocab + 31) // 32) or greedy.shape != (n,):
+            raise ValueError(f"grammar_mask: {n} rows need [{n}, {(vocab + 31) // 32}] words and [{n}] greedy "
+                             f"flags, got {words.shape} and {greedy.shape}")
+        picks = np.empty(n, dtype=np.int64)
+        if not self.library.grammar_mask(logits.data_ptr(), num_rows, vocab, rows.ctypes.data, n, words.ctypes.data,
+                                         words.shape[1], greedy.ctypes.data, picks.ctypes.data):
+            raise ValueError(f"grammar_mask: a row index in {rows.tolist()} is outside the {num_rows} logits rows")
+        return picks
 
 
 _FP32 = torch.float32
