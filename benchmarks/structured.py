@@ -1,12 +1,16 @@
 """Structured outputs benchmark: constrained vs unconstrained decoding at the same shapes.
 
-    BATCHGEN_DATA_CACHE=$PWD/.cache/batchgen-data .venv/bin/python benchmarks/structured.py   # ~2 min
+    BATCHGEN_DATA_CACHE=$PWD/.cache/batchgen-data .venv/bin/python benchmarks/structured.py   # ~4 min
 
 On the demo model (152k vocabulary), ``--rows`` rows x ``--max-tokens`` greedy tokens each:
   * time per output token, unconstrained vs a JSON schema (a bounded string then an array of
-    enums: dense and sparse masks) vs a regex (sparse masks), each constraint long enough that
-    every row generates all its tokens, so the batch shapes are the same; ``--reps`` alternating
-    repetitions, the median ratio reported (target: within 10%);
+    enums: dense and sparse masks) vs a regex (sparse masks) vs a counted regex (``[a-z]{400}``)
+    vs a JSON string with ``minLength: 300, maxLength: 400``, the last two warm, cold (a grammar the engine has
+    not seen, every repetition) and, for the schema, one distinct schema per row; each constraint
+    long enough that every row generates all its tokens, so the batch shapes are the same;
+    ``--reps`` alternating repetitions, the median ratio reported with min and max (target:
+    within 10%);
+  * the engine's first constrained request, which builds the tokenizer view;
   * the per-step cost split: mask filling (llguidance) and mask applying (our kernel, and the
     libraries' own CPU kernels for comparison);
   * compile time per schema (after the one-off tokenizer view, also reported);
@@ -17,8 +21,8 @@ Writes ``structured-cpu.json`` under ``--out`` (default ``docs/results``).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
-import platform
 import re
 import statistics
 import sys
@@ -31,6 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from batchgen_data import Engine, EngineConfig, SamplingParams  # noqa: E402
+from batchgen_data.hardware import cpu_model  # noqa: E402
 from batchgen_data.engine.sample.bitmask import apply_token_bitmask  # noqa: E402
 from batchgen_data.engine.structured.compiler import GrammarCompiler  # noqa: E402
 from batchgen_data.engine.structured.params import StructuredOutputsParams  # noqa: E402
@@ -61,7 +66,15 @@ BOUNDED_SCHEMA = {
     "additionalProperties": False,
 }
 LONG_REGEX = r"(yes|no|maybe)( (yes|no|maybe)){60}"
-CONSTRAINED_RUNS = ("json", "regex", "json_bounded")
+# Counted repetition and a long bounded string, as a new user writes them (issue #36): every
+# row stays inside the repetition for all its tokens. "_cold" runs use a grammar the engine has
+# not seen (a new count each repetition: compile and the lexer's lazily built states included);
+# "per_row" gives every row its own schema (48 compiles a run).
+COUNTED_REGEX = "[a-z]{%d}"
+MAXLEN_SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "minLength": 300, "maxLength": 400}},
+                 "required": ["name"], "additionalProperties": False}  # minLength: no row closes it early
+CONSTRAINED_RUNS = ("json", "regex", "json_bounded", "counted_regex", "counted_regex_cold", "json_maxlength",
+                    "json_maxlength_cold", "json_maxlength_per_row")
 # For well-formedness: small constraints a random model completes within max_tokens.
 CHECK_SCHEMA = {
     "type": "object",
@@ -100,22 +113,42 @@ def timed_run(engine: Engine, prompts: list[str], params: SamplingParams) -> tup
     return wall, sum(o.num_generated_tokens for o in outputs), structured.mask_s - fill_before
 
 
+def _maxlength(length: int) -> dict:
+    return {"json": {**MAXLEN_SCHEMA, "properties": {"name": {"type": "string", "minLength": 300,
+                                                               "maxLength": length}}},
+            "disable_any_whitespace": True}
+
+
 def per_token(args, engine: Engine, prompts: list[str]) -> dict:
+    """Each run's params for repetition ``rep``: one ``SamplingParams`` for all rows, or a list."""
     base = dict(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
+
+    def same(constraint):
+        params = SamplingParams(**base, structured_outputs=constraint) if constraint else SamplingParams(**base)
+        return lambda rep: params
+
+    fresh = itertools.count(1000)  # counts no other run uses: a grammar never seen
     runs = {
-        "unconstrained": SamplingParams(**base),
-        "json": SamplingParams(**base, structured_outputs={"json": LONG_SCHEMA, "disable_any_whitespace": True}),
-        "regex": SamplingParams(**base, structured_outputs={"regex": LONG_REGEX}),
-        "json_bounded": SamplingParams(**base, structured_outputs={"json": BOUNDED_SCHEMA,
-                                                                   "disable_any_whitespace": True}),
+        "unconstrained": same(None),
+        "json": same({"json": LONG_SCHEMA, "disable_any_whitespace": True}),
+        "regex": same({"regex": LONG_REGEX}),
+        "json_bounded": same({"json": BOUNDED_SCHEMA, "disable_any_whitespace": True}),
+        "counted_regex": same({"regex": COUNTED_REGEX % 400}),
+        "counted_regex_cold": lambda rep: SamplingParams(**base, structured_outputs={
+            "regex": COUNTED_REGEX % (400 + next(fresh))}),
+        "json_maxlength": same(_maxlength(400)),
+        "json_maxlength_cold": lambda rep: SamplingParams(**base, structured_outputs=_maxlength(400 + next(fresh))),
+        "json_maxlength_per_row": lambda rep: [SamplingParams(**base, structured_outputs=_maxlength(
+            400 + next(fresh))) for _ in prompts],
     }
-    for params in runs.values():  # warm-up: kernels, the tokenizer view, the grammars
-        engine.generate(prompts[:4], params)
+    for name, params_of in runs.items():  # warm-up: kernels, the tokenizer view, the warm grammars
+        params = params_of(-1)
+        engine.generate(prompts[:4], params[:4] if isinstance(params, list) else params)
     samples: dict[str, list[tuple[float, int, float]]] = {name: [] for name in runs}
     for rep in range(args.reps):
         order = list(runs) if rep % 2 == 0 else list(reversed(runs))
         for name in order:
-            samples[name].append(timed_run(engine, prompts, runs[name]))
+            samples[name].append(timed_run(engine, prompts, runs[name](rep)))
     result = {}
     steps = args.max_tokens  # one sampled token per row per step (prefill samples the first)
     for name, reps in samples.items():
@@ -181,10 +214,15 @@ def apply_costs(engine: Engine, rows: int) -> dict:
 
 def compile_costs(engine: Engine) -> dict:
     model = engine.executor.model
-    compiler = GrammarCompiler(engine.model_path, model.config.vocab_size, engine.tokenizer.eos_token_ids)
+    compiler = GrammarCompiler(engine.model_path, model.config.vocab_size, engine.tokenizer.eos_token_ids,
+                               engine.tokenizer.hf)
     start = time.perf_counter()
     compiler.submit(StructuredOutputsParams(regex="x")).result()
     out = {"tokenizer_view_s": time.perf_counter() - start}
+    for name, regex in (("counted_regex", COUNTED_REGEX % 400), ("code_regex", r"[A-Z]{3}-[0-9]{300}")):
+        start = time.perf_counter()
+        compiler.submit(StructuredOutputsParams(regex=regex)).result()
+        out[f"compile_{name}_ms"] = 1e3 * (time.perf_counter() - start)
     for name, schema in SCHEMAS_TO_COMPILE.items():
         start = time.perf_counter()
         compiler.submit(StructuredOutputsParams(json=schema)).result()
@@ -224,8 +262,13 @@ def main() -> None:
     args = parser.parse_args()
     engine = Engine("demo", EngineConfig(max_num_seqs=64))
     prompts = [f"Row {i}: extract the fields of this customer review, number {i * 7919 % 1000}" for i in range(args.rows)]
+    engine.generate(prompts[:4], SamplingParams(max_tokens=4, temperature=0))  # kernels, buffers
+    start = time.perf_counter()  # an engine's first constrained request builds the tokenizer view
+    engine.generate(prompts[:1], SamplingParams(max_tokens=1, structured_outputs={"regex": COUNTED_REGEX % 400}))
+    first_request_s = time.perf_counter() - start
     result = {
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_model(),
+        "first_constrained_request_s": first_request_s,
         "torch_threads": torch.get_num_threads(),
         "rows": args.rows,
         "max_tokens": args.max_tokens,
@@ -238,10 +281,11 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "structured-cpu.json").write_text(json.dumps(result, indent=2))
     pt = result["per_token"]
+    print(f"{result['cpu']}; the engine's first constrained request (tokenizer view): {first_request_s:.2f} s")
     print(f"{args.rows} rows x {args.max_tokens} tokens, median of {args.reps}:")
     for name in ("unconstrained", *CONSTRAINED_RUNS):
         ratio = pt[name].get("ratio_vs_unconstrained")
-        print(f"  {name:13s} {pt[name]['median_ms_per_token']:.3f} ms/token"
+        print(f"  {name:22s} {pt[name]['median_ms_per_token']:.3f} ms/token"
               + (f"  {ratio:.3f}x unconstrained (min {min(pt[name]['ratios']):.3f}, max {max(pt[name]['ratios']):.3f});"
                  f" mask fill {pt[name]['fill_ms_per_step']:.2f} ms/step" if ratio else ""))
     print("  apply (ms per step):", {k: (round(v, 2) if isinstance(v, float) else v) for k, v in result["apply"].items()})

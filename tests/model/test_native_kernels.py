@@ -277,8 +277,34 @@ def test_logprobs_take_one_native_read_of_each_row_and_keep_their_values(native,
     monkeypatch.setattr(native_module, "_ACTIVE", {"on": False})
     torch_path = logprob_capture.token_logprobs(logits.clone(), chosen, ks)
     monkeypatch.setattr(native_module, "_ACTIVE", {"on": True})
-    assert logprob_capture._native_stats(logits) is not None
+    assert logprob_capture.row_stats(logits) is not None
     native_path = logprob_capture.token_logprobs(logits.clone(), chosen, ks)
     for a, b in zip(torch_path, native_path):
         assert a.token_ids == b.token_ids and a.ranks == b.ranks
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
+
+
+def test_a_row_holding_nan_gets_a_nan_log_sum_exp(native):
+    logits = torch.randn(3, 1000)
+    logits[1, 517] = float("nan")
+    logits[2, 999] = float("nan")  # in the tail outside the blocks
+    _, log_norm = native.logit_row_stats(logits, 64)
+    assert log_norm.isnan().squeeze(1).tolist() == [False, True, True]
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 4), vocab=st.integers(64, 3000), ties=st.booleans(), seed=st.integers(0, 2**16))
+def test_the_argmax_from_block_maxima_is_the_first_argmax(native, rows, vocab, ties, seed):
+    """The greedy sampler's argmax taken from the logprob kernel's block maxima equals
+    ``first_argmax``: ties (the first wins), -inf, and a maximum in the tail outside the blocks."""
+    from batchgen_data.engine.sample.kernels import argmax_from_block_max, first_argmax
+
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, vocab, generator=g)
+    if ties:
+        logits = logits.round()  # many equal maxima
+    logits[torch.rand(rows, vocab, generator=g) < 0.3] = float("-inf")
+    if seed % 3 == 0:
+        logits[:, -1] = 100.0  # the tail's last token is the maximum
+    block_max, _ = native.logit_row_stats(logits, 64)
+    assert torch.equal(argmax_from_block_max(logits, block_max, 64), first_argmax(logits))

@@ -4,7 +4,7 @@ chunk is in cache, with a vectorised exp), else three cheap passes and one exp p
 
 NOTE: log p(t) = x_t - logsumexp(x). Over a 152k-token vocabulary every full pass counts
 (``benchmarks/logprobs.py``), so:
-  * the top max(k, 1) come from block maxima: the row's maxima over blocks of ``_BLOCK`` tokens
+  * the top max(k, 1) come from block maxima: the row's maxima over blocks of ``BLOCK`` tokens
     (one fast reduction), the top-k blocks among them, and the top-k of those blocks' tokens;
     each of the k largest tokens lies in a block whose maximum is among the k largest, so this
     is exact (``torch.topk`` over the whole row costs ~5x more);
@@ -23,21 +23,22 @@ import torch
 
 from batchgen_data.engine.sample.logprobs import TokenLogprobs
 
-_BLOCK = 64  # tokens per block for the top-k (V / 64 block maxima per row)
+BLOCK = 64  # tokens per block for the top-k (V / 64 block maxima per row)
 # Below this maximum logit, exp(x) of a whole row sums without overflow in fp32 (V e^60 << 3e38)
 # and the largest terms are far from underflow: the shift by the maximum can be skipped.
 _NO_SHIFT_LIMIT = 60.0
 
 
 def token_logprobs(logits: torch.Tensor, chosen: torch.Tensor, ks: list[int],
-                   overwrite: bool = False) -> list[TokenLogprobs]:
+                   overwrite: bool = False, stats: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[TokenLogprobs]:
     """logits: [n, V] fp32; chosen: [n] token ids (the sampled or next prompt token); ks[i]: how
     many top tokens row i lists (0: only the chosen one). ``overwrite``: ``logits`` may be
-    clobbered (saves a copy)."""
+    clobbered (saves a copy). ``stats``: ``row_stats(logits)`` if the caller has them."""
     if logits.shape[0] == 0:
         return []
     k_max = max(1, max(ks))
-    stats = _native_stats(logits)
+    if stats is None:
+        stats = row_stats(logits)
     block_max, native_log_norm = stats if stats is not None else (None, None)
     top_values, top_ids = _topk(logits, k_max, block_max)  # [n, k_max], descending
     row_max = top_values[:, :1]  # [n, 1]
@@ -75,29 +76,30 @@ def token_logprobs(logits: torch.Tensor, chosen: torch.Tensor, ks: list[int],
     return out
 
 
-def _native_stats(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Block maxima and log sum exp from the native kernel in one read of each row, where the
-    engine turned the native kernels on and the logits are fp32 on CPU."""
+def row_stats(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Block maxima [n, V // BLOCK] and log sum exp [n, 1] from the native kernel in one read of
+    each row, where the engine turned the native kernels on and the logits are fp32 on CPU
+    (else None). The greedy sampler takes its argmax from the same block maxima."""
     from batchgen_data.model.native import active_native
 
     native = active_native()
     if native is None or logits.dtype != torch.float32 or logits.device.type != "cpu":
         return None
-    return native.logit_row_stats(logits, _BLOCK)
+    return native.logit_row_stats(logits, BLOCK)
 
 
 def _topk(logits: torch.Tensor, k: int, block_max: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``logits.topk(k)`` through block maxima (see module NOTE; ``block_max`` when the caller
     has them) when the row is long."""
     n, vocab = logits.shape
-    blocks = vocab // _BLOCK
+    blocks = vocab // BLOCK
     if blocks < 4 * k:
         return logits.topk(k, dim=-1)
-    head = blocks * _BLOCK
+    head = blocks * BLOCK
     if block_max is None:
-        block_max = logits[:, :head].reshape(n, blocks, _BLOCK).amax(dim=-1)  # [n, blocks]
+        block_max = logits[:, :head].reshape(n, blocks, BLOCK).amax(dim=-1)  # [n, blocks]
     best = block_max.topk(k, dim=-1).indices  # [n, k]
-    candidates = (best[:, :, None] * _BLOCK + torch.arange(_BLOCK, device=logits.device)).reshape(n, -1)
+    candidates = (best[:, :, None] * BLOCK + torch.arange(BLOCK, device=logits.device)).reshape(n, -1)
     if head < vocab:  # the tail that does not fill a block is always a candidate
         tail = torch.arange(head, vocab, device=logits.device).expand(n, -1)
         candidates = torch.cat([candidates, tail], dim=1)

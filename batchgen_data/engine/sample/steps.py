@@ -27,8 +27,9 @@ import torch
 
 from batchgen_data.engine.sample.batch import SamplingBatch
 from batchgen_data.engine.sample.bitmask import apply_token_bitmask
-from batchgen_data.engine.sample.kernels import sample
-from batchgen_data.engine.sample.logprob_capture import token_logprobs
+from batchgen_data.engine.sample.kernels import argmax_from_block_max, sample
+from batchgen_data.engine.sample.logprob_capture import BLOCK as LOGPROB_BLOCK
+from batchgen_data.engine.sample.logprob_capture import row_stats, token_logprobs
 from batchgen_data.engine.sample.logprobs import TokenLogprobs
 from batchgen_data.engine.sample.penalties import apply_penalties
 
@@ -42,6 +43,7 @@ class SamplingState:
     forced: Any = None  # ``BitmaskPicks``: greedy constrained rows the mask step already chose
     logprobs: list[TokenLogprobs | None] | None = None
     raw_logits: torch.Tensor | None = None  # [r, V]: ``batch.raw_logprob_rows`` before the processors
+    row_stats: tuple[torch.Tensor, torch.Tensor] | None = None  # ``logprob_capture.row_stats`` of ``logits``
 
 
 class SamplingStep(Protocol):
@@ -143,6 +145,12 @@ class Sample:
 
     def __call__(self, state: SamplingState, batch: SamplingBatch) -> None:
         picks = state.forced
+        if picks is None and _greedy_logprob_batch(batch):  # one read of each row serves both
+            state.row_stats = row_stats(state.logits)
+            if state.row_stats is not None and not bool(state.row_stats[1].isnan().any()):
+                state.tokens = argmax_from_block_max(state.logits, state.row_stats[0], LOGPROB_BLOCK)
+                return
+            state.row_stats = None
         if picks is None:
             tokens = sample(state.logits, batch)
         else:  # greedy rows whose token the mask step chose: no argmax over them again
@@ -150,6 +158,13 @@ class Sample:
             tokens = sample(state.logits, batch, chosen=rows)
             tokens[rows] = picks.tokens.to(tokens.device)
         state.tokens = tokens
+
+
+def _greedy_logprob_batch(batch: SamplingBatch) -> bool:
+    """Every row greedy and asking for logprobs of the logits it samples from (no processor
+    changed them): the argmax and the capture can share one read of each row."""
+    return (batch.all_greedy and batch.logprob_rows is not None and len(batch.logprob_rows) == len(batch)
+            and batch.raw_logprob_rows is None)
 
 
 class CaptureLogprobs:
@@ -163,7 +178,7 @@ class CaptureLogprobs:
         if state.raw_logits is not None:  # the token is chosen: processed rows get their model logits back
             logits[torch.tensor(batch.raw_logprob_rows, device=logits.device)] = state.raw_logits
         if len(batch.logprob_rows) == len(batch):  # every row: no [n, V] gather (the logits are done with)
-            computed = token_logprobs(logits, tokens, batch.logprob_ks, overwrite=True)
+            computed = token_logprobs(logits, tokens, batch.logprob_ks, overwrite=True, stats=state.row_stats)
         else:
             rows = torch.tensor(batch.logprob_rows, device=logits.device)
             computed = token_logprobs(logits[rows], tokens[rows], batch.logprob_ks, overwrite=True)

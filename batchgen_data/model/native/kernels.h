@@ -50,8 +50,8 @@ bool moe_block_decode(const float* h, float* h_out, int64_t T, int64_t H, const 
 
 // For logprobs, per row of x [n, V]: block_max [n, V / block] (the maxima of whole blocks of
 // `block` tokens; the tail V % block is in none) and log_norm [n] = log sum_j exp(x[j]), reading
-// each row once from memory. False (nothing computed) unless block is a positive multiple of the
-// vector width.
+// each row once from memory (a row holding a NaN: log_norm NaN, its block maxima undefined).
+// False (nothing computed) unless block is a positive multiple of the vector width.
 bool logit_row_stats(const float* x, int64_t n, int64_t V, int64_t block, float* block_max, float* log_norm);
 
 // Structured outputs: grammar bitmasks ([n, W] int32 words, W = ceil(V / 32); bit t % 32 of word

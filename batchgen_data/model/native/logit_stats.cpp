@@ -2,6 +2,8 @@
 // top-k, model/native/kernels.py) and log sum exp (the normaliser). A row is cut into chunks
 // that fit the L2 cache; each chunk is read once from memory for its block maxima and its max,
 // then again from cache for sum exp(x - max); the chunks' (max, sum) pairs are then combined.
+// A row holding a NaN gets a NaN log sum exp (as torch.logsumexp gives), and its block maxima
+// are not defined (callers that need them exact check the log sum exp first).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -29,15 +31,24 @@ bool logit_row_stats(const float* x, int64_t n, int64_t V, int64_t block, float*
       const float* row = x + i * V;
       const int64_t begin = c * chunk, end = std::min(V, begin + chunk);
       float m = lowest;
+      bool nan = false;
       int64_t j = begin;
       for (; j + block <= end; j += block) {
         vec vm = vset1(lowest);
-        for (int64_t k = 0; k < block; k += kWidth) vm = vmax(vm, vload(row + j + k));
+        for (int64_t k = 0; k < block; k += kWidth) {
+          const vec v = vload(row + j + k);
+          nan |= vhasnan(v);
+          vm = vmax(vm, v);
+        }
         const float bm = vmaxall(vm);
         block_max[i * num_blocks + j / block] = bm;
         m = std::max(m, bm);
       }
-      for (; j < end; ++j) m = std::max(m, row[j]);
+      for (; j < end; ++j) {
+        nan |= std::isnan(row[j]);
+        m = std::max(m, row[j]);
+      }
+      if (nan) m = std::numeric_limits<float>::quiet_NaN();  // the row's log sum exp is NaN
       const vec vm = vset1(m);
       vec acc = vzero();
       j = begin;
@@ -51,6 +62,10 @@ bool logit_row_stats(const float* x, int64_t n, int64_t V, int64_t block, float*
   for (int64_t i = 0; i < n; ++i) {
     const float* cm = chunk_max.data() + i * chunks;
     const float* cs = chunk_sum.data() + i * chunks;
+    if (std::any_of(cm, cm + chunks, [](float v) { return std::isnan(v); })) {
+      log_norm[i] = std::numeric_limits<float>::quiet_NaN();
+      continue;
+    }
     const float m = *std::max_element(cm, cm + chunks);
     double s = 0.0;
     for (int64_t c = 0; c < chunks; ++c) s += cm[c] == lowest ? 0.0 : cs[c] * std::exp(static_cast<double>(cm[c] - m));
