@@ -1,10 +1,10 @@
 // Grammar bitmasks on logits rows (structured outputs), one pass over each row's mask words:
 // a greedy row's token is the first maximum over its allowed tokens, found without writing the
 // row; every other row gets -inf at its disallowed tokens. A mask row is ceil(V / 32) int32
-// words; token t is allowed when bit t % 32 of word t / 32 is set. An all-ones word is read as
-// vectors and an all-zeros word is skipped (or filled whole), so a grammar state that allows
+// words; token t is allowed when bit t % 32 of word t / 32 is set. Non-zero words are read as
+// masked vectors and all-zero words skipped (or filled whole), so a grammar state that allows
 // most of the vocabulary costs about one read of the row, and one that allows few costs little
-// more than its set bits.
+// more than the words holding its tokens.
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -16,54 +16,31 @@ namespace {
 
 constexpr uint32_t kAllOnes = 0xFFFFFFFFu;
 
-constexpr int64_t kMaxRun = 64;  // all-ones words reduced together (2,048 tokens, 8 KiB)
+constexpr int64_t kMaxRun = 64;  // non-zero words reduced together (2,048 tokens, 8 KiB)
 
-// The first position in row[begin, end) holding `value` (a NaN for a NaN value).
-int64_t first_equal(const float* row, int64_t begin, int64_t end, float value) {
-  for (int64_t t = begin; t < end; ++t) {
-    if (row[t] == value || (std::isnan(value) && std::isnan(row[t]))) return t;
+// The first allowed position in row[base, base + 32 * num_words) holding `value`, or -1.
+int64_t first_allowed_equal(const float* row, const uint32_t* words, int64_t base, int64_t num_words, float value) {
+  for (int64_t w = 0; w < num_words; ++w) {
+    uint32_t word = words[w];
+    while (word != 0) {
+      const int64_t token = base + w * 32 + __builtin_ctz(word);
+      word &= word - 1;
+      if (row[token] == value) return token;
+    }
   }
-  return end;
+  return -1;
 }
 
-// The first maximum over the allowed tokens of one row (NaN counts as the maximum, the first
-// NaN wins, as in torch.argmax); -1 when the row allows no token. A run of all-ones words is
-// reduced with vectors, and searched for its maximum's position only when it beats the best.
-int64_t first_allowed_max(const float* row, int64_t V, const uint32_t* words, int64_t W) {
-  float best = -std::numeric_limits<float>::infinity();
-  int64_t best_token = -1;
-  int64_t w = 0;
-  while (w < W) {
+// The scalar walk over the set bits of words [w0, w1): updates (best, best_token); returns the
+// first allowed NaN's position, or -1.
+int64_t walk_bits(const float* row, int64_t V, const uint32_t* words, int64_t w0, int64_t w1, float& best,
+                  int64_t& best_token) {
+  for (int64_t w = w0; w < w1; ++w) {
     uint32_t word = words[w];
-    const int64_t base = w * 32;
-    if (word == 0) {
-      ++w;
-      continue;
-    }
-    if (word == kAllOnes && base + 32 <= V && kWidth > 1) {
-      int64_t end_w = w + 1;
-      while (end_w < W && end_w - w < kMaxRun && words[end_w] == kAllOnes && (end_w + 1) * 32 <= V) ++end_w;
-      const int64_t end = end_w * 32;
-      vec m = vload(row + base);
-      bool nan = vhasnan(m);
-      for (int64_t t = base + kWidth; t < end; t += kWidth) {
-        const vec v = vload(row + t);
-        nan |= vhasnan(v);
-        m = vmax(m, v);
-      }
-      if (nan) return first_equal(row, base, end, std::numeric_limits<float>::quiet_NaN());
-      const float run_max = vmaxall(m);
-      if (best_token < 0 || run_max > best) {
-        best = run_max;
-        best_token = first_equal(row, base, end, run_max);
-      }
-      w = end_w;
-      continue;
-    }
     while (word != 0) {
-      const int64_t token = base + __builtin_ctz(word);
+      const int64_t token = w * 32 + __builtin_ctz(word);
       word &= word - 1;
-      if (token >= V) break;
+      if (token >= V) return -1;
       const float v = row[token];
       if (std::isnan(v)) return token;
       if (best_token < 0 || v > best) {
@@ -71,9 +48,51 @@ int64_t first_allowed_max(const float* row, int64_t V, const uint32_t* words, in
         best_token = token;
       }
     }
-    ++w;
   }
-  return best_token;
+  return -1;
+}
+
+// The first maximum over the allowed tokens of one row (NaN counts as the maximum, the first
+// NaN wins, as in torch.argmax); -1 when the row allows no token. Runs of non-zero words are
+// reduced with masked vector maxima and searched for their maximum's position only when it
+// beats the best so far; a run holding a NaN, and the last word when V is not a multiple of 32,
+// take the scalar walk.
+int64_t first_allowed_max(const float* row, int64_t V, const uint32_t* words, int64_t W) {
+  float best = -std::numeric_limits<float>::infinity();
+  int64_t best_token = -1;
+  const int64_t full_words = kWidth > 1 ? V / 32 : 0;  // words whose 32 tokens are all below V
+  int64_t w = 0;
+  while (w < full_words) {
+    if (words[w] == 0) {
+      ++w;
+      continue;
+    }
+    int64_t end_w = w + 1;
+    while (end_w < full_words && end_w - w < kMaxRun && words[end_w] != 0) ++end_w;
+    vec m = vset1(-std::numeric_limits<float>::infinity());
+    bool nan = false;
+    for (int64_t u = w; u < end_w; ++u) {
+      const uint32_t word = words[u];
+      for (int64_t k = 0; k < 32; k += kWidth) {
+        const vec v = vload(row + u * 32 + k);
+        nan |= vhasnan(v);
+        m = vmax_masked(m, v, word >> k);
+      }
+    }
+    if (nan) {  // exact, in token order
+      const int64_t first_nan = walk_bits(row, V, words, w, end_w, best, best_token);
+      if (first_nan >= 0) return first_nan;
+    } else {
+      const float run_max = vmaxall(m);
+      if (best_token < 0 || run_max > best) {
+        best = run_max;
+        best_token = first_allowed_equal(row, words + w, w * 32, end_w - w, run_max);
+      }
+    }
+    w = end_w;
+  }
+  const int64_t first_nan = walk_bits(row, V, words, w, W, best, best_token);
+  return first_nan >= 0 ? first_nan : best_token;
 }
 
 // -inf at every disallowed token of one row.

@@ -19,6 +19,8 @@ inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
 inline vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
 inline float vmaxall(vec v) { return _mm512_reduce_max_ps(v); }
 inline bool vhasnan(vec v) { return _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) != 0; }
+// max(acc, v) in the lanes whose bit of `bits` is set, acc elsewhere (lane i: bit i).
+inline vec vmax_masked(vec acc, vec v, uint32_t bits) { return _mm512_mask_max_ps(acc, static_cast<__mmask16>(bits), acc, v); }
 inline vec vround(vec v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline vec vpow2i(vec n) {  // 2^n for integral n in [-126, 127]
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
@@ -48,6 +50,11 @@ inline float vmaxall(vec v) {
   return _mm_cvtss_f32(m);
 }
 inline bool vhasnan(vec v) { return _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)) != 0; }
+inline vec vmax_masked(vec acc, vec v, uint32_t bits) {
+  const __m256i lane_bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  const __m256i on = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(static_cast<int>(bits)), lane_bits), lane_bits);
+  return _mm256_blendv_ps(acc, _mm256_max_ps(acc, v), _mm256_castsi256_ps(on));
+}
 inline vec vround(vec v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline vec vpow2i(vec n) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
@@ -66,6 +73,7 @@ inline vec vsub(vec a, vec b) { return a - b; }
 inline vec vmax(vec a, vec b) { return a > b ? a : b; }
 inline float vmaxall(vec v) { return v; }
 inline bool vhasnan(vec v) { return v != v; }
+inline vec vmax_masked(vec acc, vec v, uint32_t bits) { return (bits & 1u) && v > acc ? v : acc; }
 inline vec vround(vec v) { return __builtin_nearbyintf(v); }
 inline vec vpow2i(vec n) { return __builtin_ldexpf(1.f, static_cast<int>(n)); }
 #endif
