@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from batchgen_data.engine.spec.config import SpeculativeConfig
 from batchgen_data.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -116,6 +117,13 @@ class EngineConfig:
             prefix, so rows cannot be crafted to share another row's KV (vLLM's CVE-2025-25183
             fix); a hit is also checked against the tokens. ``PREFIX_CACHING_HASH_ALGOS`` lists
             the values implemented.
+        speculative_config (dict | SpeculativeConfig | None, default None): speculative
+            decoding (vLLM's argument), e.g. ``{"method": "ngram", "num_speculative_tokens": 4,
+            "prompt_lookup_max": 4, "prompt_lookup_min": 1}``: a row's likely next tokens are
+            checked in one forward, and only tokens plain decoding would produce are kept, greedy
+            or seeded (``docs/architecture.md``, "Speculative decoding"). Each step the engine
+            picks 0..k draft tokens per row from the row's acceptance and the step times it has
+            measured, so large running sets draft nothing. None: off.
 
     Example:
         >>> EngineConfig(max_num_seqs=128).attention_batch_size
@@ -148,8 +156,10 @@ class EngineConfig:
     prefix_caching_hash_algo: str = "sha256"
     memory_utilization: float | None = None
     enable_chunked_prefill: bool = True
+    speculative_config: Any = None  # SpeculativeConfig after __post_init__ (a dict is accepted)
 
     def __post_init__(self) -> None:
+        self.speculative_config = SpeculativeConfig.from_value(self.speculative_config)
         for name in ("max_num_seqs", "attention_batch_size", "max_num_batched_tokens", "block_size", "expert_parallel_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -53,6 +53,7 @@ from batchgen_data.engine.core.scheduler_output import SchedulerOutput, Schedule
 from batchgen_data.engine.core.sequence import Sequence, SequenceStatus
 from batchgen_data.engine.core.stop_rules import StopChecker, add_prompt_logprobs
 from batchgen_data.engine.core.suspend_policy import pick_victim, resume_order
+from batchgen_data.engine.spec.drafter import Drafter
 
 if TYPE_CHECKING:
     from batchgen_data.engine.structured.manager import StructuredOutputManager
@@ -74,6 +75,10 @@ class Scheduler(MigrateMethods):
         structured: StructuredOutputManager | None = None,  # grammars (structured outputs)
     ):
         self.config = config
+        # Speculative decoding (``engine/spec/drafter.py``): None without a speculative_config.
+        spec = config.speculative_config
+        self.drafter = Drafter(spec, max_model_len) if spec is not None else None
+        self.last_num_generated = 0  # tokens the last ``update`` appended
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
                                  config.prefix_caching_hash_algo)
         self.kv_bytes_per_token = kv_bytes_per_token
@@ -145,6 +150,8 @@ class Scheduler(MigrateMethods):
             self.grammars.wait_any()  # nothing can run until a grammar compiles
             finished = self._poll_grammars()
             swap_in += self._refill()
+        if self.drafter is not None:
+            self.drafter.draft(self.running, self.kv, self.config.max_num_batched_tokens)
         out = SchedulerOutput(*combine(self.running, self.config.max_num_batched_tokens,
                                       self.config.enable_chunked_prefill), swap_out, swap_in,
                               finished=finished)
@@ -279,7 +286,12 @@ class Scheduler(MigrateMethods):
             finished.append(seq)
         tokens = iter(result.sampled_token_ids)
         logprobs = iter(result.logprobs or ())
+        self.last_num_generated = 0
         for seq, qlen, samples in zip(out.seqs, out.query_lens, out.samples):
+            if seq.draft_token_ids:  # speculative: k + 1 positions sampled, the matching prefix kept
+                self._accept_draft(seq, [next(tokens) for _ in range(qlen)],
+                                   [next(logprobs, None) for _ in range(qlen)], now_s, finished)
+                continue
             seq.num_computed_tokens += qlen
             self.kv.commit(seq)
             if seq.request_id in result.prompt_logprobs:
@@ -293,11 +305,29 @@ class Scheduler(MigrateMethods):
                 continue
             token = next(tokens)
             seq.append_token(token, next(logprobs, None), now_s)
+            self.last_num_generated += 1
             reason, error = self.stops.check(seq, token)
             if reason is not None:
                 self._finish(seq, reason, now_s, error)
                 finished.append(seq)
         return finished
+
+    def _accept_draft(self, seq: Sequence, sampled: list[int], logprobs: list, now_s: float,
+                      finished: list[Sequence]) -> None:
+        """A drafted row's tokens (``Drafter.accept``), each through the stop rules in turn: the
+        KV of the pending token and the accepted draft tokens is kept, the rest is overwritten
+        later; only then are full blocks named in the prefix cache."""
+        kept = self.drafter.accept(seq, sampled)
+        seq.num_computed_tokens += len(kept)  # the pending token and the accepted draft tokens
+        for token, token_logprobs in zip(kept, logprobs):
+            seq.append_token(token, token_logprobs, now_s)
+            self.last_num_generated += 1
+            reason, error = self.stops.check(seq, token)
+            if reason is not None:
+                self._finish(seq, reason, now_s, error)
+                finished.append(seq)
+                return
+        self.kv.commit(seq)
 
     def _finish(self, seq: Sequence, reason: str, now_s: float, error: str | None = None) -> None:
         """A running sequence is done: out of the running set, its blocks freed."""

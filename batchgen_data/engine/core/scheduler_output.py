@@ -68,12 +68,15 @@ def combine(running: list[Sequence], budget: int, chunked_prefill: bool = True
     decoders first (one token each), then prefill chunks in admission order. Returns the
     sequences, their query lengths, and whether each samples (all its pending tokens run).
     Without ``chunked_prefill`` (vLLM's ``enable_chunked_prefill=False``) a prompt runs whole or
-    waits, and the prompts admitted after it wait with it (first come, first served)."""
+    waits, and the prompts admitted after it wait with it (first come, first served). A decoder
+    with a draft (speculative decoding) runs its pending token and the draft, and samples at
+    each of those positions."""
     seqs, query_lens, samples = [], [], []
     for seq in running:
-        if seq.num_pending_tokens == 1:
-            seqs.append(seq), query_lens.append(1), samples.append(True)
-            budget -= 1
+        if seq.num_pending_tokens == 1:  # a decoder: its pending token and this step's draft
+            query = 1 + len(seq.draft_token_ids)
+            seqs.append(seq), query_lens.append(query), samples.append(True)
+            budget -= query
     for seq in running:
         pending = seq.num_pending_tokens
         if pending > 1 and budget > 0:

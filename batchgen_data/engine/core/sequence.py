@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from batchgen_data.engine.pooling_params import PoolingParams
 from batchgen_data.engine.sampling_params import SamplingParams
@@ -117,6 +117,11 @@ class Sequence:
     # A pooling request's result (the scheduler's, from the runner's pooler): the embedding or
     # the class probabilities (vLLM's ``PoolingOutput.data``).
     pooled_data: list[float] | None = None
+    # Speculative decoding (the scheduler's drafter, ``engine/spec/drafter.py``): this step's
+    # draft, checked in the same forward as the pending token and cleared when the step's
+    # tokens are accepted (never present between steps); the row's acceptance record.
+    draft_token_ids: list[int] = field(default_factory=list)
+    draft_acceptance: Any = None
 
     @classmethod
     def from_state(cls, state: SequenceState, request_id: int, now_s: float) -> Sequence:
@@ -181,9 +186,12 @@ class Sequence:
         return self.prompt_token_ids + self.output_token_ids
 
     def token_ids_range(self, start: int, end: int) -> list[int]:
+        """Tokens ``start:end`` of prompt, output and, past them, this step's draft."""
         prompt_len = len(self.prompt_token_ids)
         if end <= prompt_len:
             return self.prompt_token_ids[start:end]
+        if end > self.num_tokens and self.draft_token_ids:
+            return self.token_ids_range(start, self.num_tokens) + self.draft_token_ids[: end - self.num_tokens]
         if start >= prompt_len:
             return self.output_token_ids[start - prompt_len : end - prompt_len]
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - prompt_len]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 from collections.abc import Callable
 
 import torch
@@ -144,16 +145,21 @@ class InProcessExecutor:
         if store is not None and self.config.collect_timeline:
             self._fetched_before = dataclasses.replace(store.stats)
         out = self.scheduler.schedule()
+        start = time.perf_counter()
         result = self.runner.execute(out)
+        drafter = self.scheduler.drafter
+        if drafter is not None and out.seqs and all(out.samples) and not out.swap_in and not out.swap_out:
+            if all(q == 1 + len(seq.draft_token_ids) for seq, q in zip(out.seqs, out.query_lens)):
+                drafter.observe(out.num_tokens, time.perf_counter() - start)  # a decode step's cost
         finished = self.scheduler.update(out, result, self._clock())
-        self._num_generated += result.num_sampled
+        self._num_generated += self.scheduler.last_num_generated
         if not out.is_progress and self.scheduler.has_unfinished():
             # Nothing could run: only possible if a request can never fit, which the engine
             # rejects when it is added; fail loudly rather than spin.
             raise RuntimeError("scheduler made no progress with unfinished requests")
         scheduler = self.scheduler
         report = StepReport(num_running=scheduler.num_running, num_queued=scheduler.num_queued,
-                            num_tokens=out.num_tokens, num_sampled=result.num_sampled,
+                            num_tokens=out.num_tokens, num_sampled=self.scheduler.last_num_generated,
                             extras=self._timeline_extras() if self.config.collect_timeline else {})
         return ExecutorStep(self._publisher.publish(scheduler.running, scheduler.compiling),
                             [FinishedRequest.of(seq) for seq in finished], report)

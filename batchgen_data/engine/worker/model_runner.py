@@ -107,6 +107,8 @@ class ModelRunner:
                 input_ids += seq.token_ids_range(seq.num_computed_tokens, seq.num_computed_tokens + qlen)
                 if out.samples[i]:  # its last pending token: sampled from, or pooled
                     (pool_rows if seq.is_pooling else sample_rows).append((i, len(input_ids) - 1))
+                    for j in range(len(seq.draft_token_ids)):  # and a draft's earlier positions
+                        sample_rows.append((i, len(input_ids) - 2 - j))
             ctx = [s.num_computed_tokens + q for s, q in zip(seqs, qlens)]
             work.context_tokens += sum(ctx)
             work.attended_keys += sum(q * (c - q) + q * (q + 1) // 2 for q, c in zip(qlens, ctx))
@@ -121,9 +123,9 @@ class ModelRunner:
         t_logits = time.perf_counter()
         if last_rows:
             logits = self.model.compute_logits(hidden[torch.tensor(last_rows, device=device)])  # [N, V]
-            sampling = out.sampling_seqs
+            sampling, offsets, grammar_rows = _sampling_rows(out.sampling_seqs, out.grammar_rows)
             result.req_ids = [s.request_id for s in sampling]
-            batch = _sampling_batch(sampling, device, out.grammar_rows, out.grammar_bitmask)
+            batch = _sampling_batch(sampling, device, grammar_rows, out.grammar_bitmask, offsets)
             sampled = self.sampler(logits, batch)
             result.sampled_token_ids = sampled.token_ids.tolist()
             result.logprobs = sampled.logprobs
@@ -227,14 +229,31 @@ def _prompt_logprob_rows(seq: Sequence, qlen: int, base: int) -> list[tuple[int,
     return [(seq.request_id, p + 1, base + p - start, prompt[p + 1], k) for p in range(max(start, due - 1), end)]
 
 
+def _sampling_rows(seqs: list[Sequence], grammar_rows: list[int]) -> tuple[list[Sequence], list[int] | None, list[int]]:
+    """One sampling row per sequence, or, for a sequence with a draft of k tokens, k + 1 rows
+    (its positions in order, the j-th sampling the row's token number ``num_generated + j``):
+    the rows, each row's position offset (None when no sequence drafted), and the grammar rows
+    renumbered (a constrained sequence never drafts)."""
+    if not any(seq.draft_token_ids for seq in seqs):
+        return seqs, None, grammar_rows
+    rows, offsets, first = [], [], []
+    for seq in seqs:
+        first.append(len(rows))
+        for j in range(1 + len(seq.draft_token_ids)):
+            rows.append(seq)
+            offsets.append(j)
+    return rows, offsets, [first[r] for r in grammar_rows]
+
+
 def _sampling_batch(seqs: list[Sequence], device: torch.device, grammar_rows: list[int],
-                    grammar_bitmask) -> SamplingBatch:
+                    grammar_bitmask, offsets: list[int] | None = None) -> SamplingBatch:
     return SamplingBatch.build(
         temperatures=[s.params.temperature for s in seqs],
         top_ps=[s.params.top_p for s in seqs],
         top_ks=[s.params.top_k for s in seqs],
         seeds=[s.seed for s in seqs],
-        steps=[s.num_generated for s in seqs],
+        steps=([s.num_generated for s in seqs] if offsets is None
+               else [s.num_generated + j for s, j in zip(seqs, offsets)]),
         device=device,
         bitmask_rows=grammar_rows,
         token_bitmask=grammar_bitmask,

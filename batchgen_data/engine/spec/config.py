@@ -1,0 +1,52 @@
+"""``SpeculativeConfig``: vLLM's ``speculative_config`` dict as a checked dataclass. No torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from batchgen_data.errors import ConfigError
+
+# Methods built here ("suffix" and "mtp" are vLLM's too, not yet built).
+SPECULATIVE_METHODS = ("ngram",)
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculativeConfig:
+    """Args (vLLM's names):
+        method: ``"ngram"``: prompt lookup over the row's own prompt and output.
+        num_speculative_tokens: the most tokens a row drafts in one step (the policy picks
+            0..this per row per step).
+        prompt_lookup_max, prompt_lookup_min: the longest and shortest suffix n-gram looked up
+            (``"ngram"``).
+    """
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_max: int = 4
+    prompt_lookup_min: int = 1
+
+    def __post_init__(self) -> None:
+        if self.method not in SPECULATIVE_METHODS:
+            raise ConfigError(f"speculative_config method must be one of {SPECULATIVE_METHODS}, got {self.method!r}")
+        for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"speculative_config {name} must be an int >= 1, got {value!r}")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ConfigError(f"speculative_config prompt_lookup_min ({self.prompt_lookup_min}) is above "
+                              f"prompt_lookup_max ({self.prompt_lookup_max})")
+
+    @classmethod
+    def from_value(cls, value: SpeculativeConfig | dict | None) -> SpeculativeConfig | None:
+        """A ``SpeculativeConfig``, vLLM's dict form, or None (no speculation)."""
+        if value is None or isinstance(value, cls):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"speculative_config must be a dict or None, got {type(value).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ConfigError(f"speculative_config keys {unknown} are not supported here (known: {sorted(known)})")
+        if "method" not in value:
+            raise ConfigError("speculative_config needs a method, e.g. {'method': 'ngram', 'num_speculative_tokens': 4}")
+        return cls(**value)

@@ -1,0 +1,122 @@
+"""The scheduler's side of speculative decoding: drafts in, accepted tokens out. No torch.
+
+NOTE: one step with drafts (``docs/architecture.md``, "Speculative decoding"):
+  draft    when every running sequence is decoding, each eligible row's proposer offers up to
+           ``num_speculative_tokens`` tokens and the policy keeps 0..k of them per row
+           (``policy.py``); a kept draft gets KV slots (never by suspending anyone) and goes in
+           ``seq.draft_token_ids``. The row's query in this forward is its pending token plus
+           its draft: k + 1 positions, like a short prefill chunk.
+  verify   the runner samples every one of the k + 1 positions, position j with the noise of
+           (seed, tokens generated + j): the token plain decoding would sample there, if the
+           draft before it is what plain decoding produced.
+  accept   the longest prefix of the draft equal to the sampled tokens is kept, plus the
+           sampled token after it; the sequence's computed tokens grow by that many (the KV of
+           rejected positions sits in slots beyond them and is overwritten later; the prefix
+           cache names only blocks of accepted tokens). Each token then goes through the stop
+           rules in order, so EOS, stop strings and max_tokens cut a step's tokens where plain
+           decoding would stop.
+Rows with a grammar, a logits processor or a penalty do not draft (their logits at position j
+would need the state after the draft's first j tokens); they decode as without speculation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from batchgen_data.engine.spec.config import SpeculativeConfig
+from batchgen_data.engine.spec.policy import RowAcceptance, StepCosts, choose_draft_lengths
+from batchgen_data.engine.spec.proposers import NgramProposer, Proposer
+
+if TYPE_CHECKING:
+    from batchgen_data.engine.core.kv_manager import KVCacheManager
+    from batchgen_data.engine.core.sequence import Sequence
+
+
+@dataclass(slots=True)
+class SpecStats:
+    num_draft_steps: int = 0  # steps in which some row drafted
+    num_drafted_tokens: int = 0
+    num_accepted_tokens: int = 0  # draft tokens accepted
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_drafted_tokens if self.num_drafted_tokens else 0.0
+
+
+class Drafter:
+    """Drafts for one scheduler (see module NOTE).
+
+    Args:
+        config: the engine's ``speculative_config``.
+        max_model_len: the context limit (a draft never runs past it).
+        proposer: overrides the config's proposer (benchmarks: an oracle, a never-right one).
+
+    ``fixed_length``, when set (benchmarks and tests), replaces the policy: every eligible row
+    drafts that many tokens where its proposer offers them.
+    """
+
+    def __init__(self, config: SpeculativeConfig, max_model_len: int, proposer: Proposer | None = None):
+        self.config = config
+        self.max_model_len = max_model_len
+        self.proposer: Proposer = proposer or NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+        self.fixed_length: int | None = None
+        self.costs = StepCosts()
+        self.stats = SpecStats()
+
+    def draft(self, running: list[Sequence], kv: KVCacheManager, budget: int) -> None:
+        """Give eligible decoding rows their drafts for this step (``seq.draft_token_ids``)."""
+        if not running or any(seq.num_pending_tokens != 1 or seq.is_pooling for seq in running):
+            return  # a step with prefill chunks is not a decode step: no drafts
+        rows = [seq for seq in running if _eligible(seq)]
+        if not rows:
+            return
+        k_max = max(self.config.num_speculative_tokens, self.fixed_length or 0)
+        offers = []
+        for seq in rows:
+            limit = min(k_max, seq.num_tokens_left - 1, self.max_model_len - seq.num_tokens - 1)
+            offers.append(self.proposer.propose(seq, limit)[:limit] if limit > 0 else [])
+            if seq.draft_acceptance is None:
+                seq.draft_acceptance = RowAcceptance()
+        if self.fixed_length is not None:
+            lengths = [min(self.fixed_length, len(offer)) for offer in offers]
+        else:
+            lengths = choose_draft_lengths([seq.draft_acceptance for seq in rows], [len(o) for o in offers],
+                                           self.costs, k_max)
+        room = budget - len(running)  # the step's token budget left after one token per row
+        drafted = False
+        for seq, offer, length in zip(rows, offers, lengths):
+            length = min(length, room)
+            if length <= 0:
+                continue
+            needed = kv.blocks_for(seq.num_tokens + length) - len(seq.block_ids)
+            if needed > 0:
+                if not kv.can_allocate(needed):
+                    continue
+                kv.append_slots(seq, needed)
+            seq.draft_token_ids = offer[:length]
+            room -= length
+            drafted = True
+            self.stats.num_drafted_tokens += length
+        self.stats.num_draft_steps += drafted
+
+    def accept(self, seq: Sequence, sampled: list[int]) -> list[int]:
+        """The tokens a drafted row keeps: the draft's longest prefix equal to ``sampled``
+        (the tokens sampled at its k + 1 positions), then the sampled token after it."""
+        draft = seq.draft_token_ids
+        n = 0
+        while n < len(draft) and sampled[n] == draft[n]:
+            n += 1
+        seq.draft_acceptance.update(len(draft), n)
+        self.stats.num_accepted_tokens += n
+        seq.draft_token_ids = []
+        return sampled[: n + 1]
+
+    def observe(self, num_tokens: int, seconds: float) -> None:
+        """A decode step's measured time (the policy's cost model)."""
+        self.costs.observe(num_tokens, seconds)
+
+
+def _eligible(seq: Sequence) -> bool:
+    """Rows whose logits at a draft position need nothing but the tokens before it."""
+    return seq.structured is None and not seq.params.adjusts_logits
