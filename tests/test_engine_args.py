@@ -77,7 +77,6 @@ def test_gpu_memory_utilization_is_the_share_for_weights_and_kv():
     ({"enable_lora": True, "max_lora_rank": 32}, "merge the adapter"),
     ({"quantization": "fp8"}, "float32/bfloat16/float16 checkpoint"),
     ({"kv_cache_dtype": "fp8"}, "kv_cache_dtype='auto'"),
-    ({"speculative_config": {"method": "ngram"}}, "not implemented yet"),
     ({"load_format": "runai_streamer"}, "local folder"),
     ({"tokenizer_mode": "mistral"}, "tokenizer_mode='auto'"),
     ({"tokenizer_mode": "slow"}, "tokenizer_mode='auto'"),
@@ -86,6 +85,14 @@ def test_refused_arguments_name_themselves_and_the_alternative(kwargs, instead):
     name = next(iter(kwargs))
     with pytest.raises(ConfigError, match=f"engine_kwargs {name}=.*{instead}"):
         to_engine_config(kwargs)
+
+
+def test_speculative_config_maps_and_refuses_methods_not_built():
+    config = to_engine_config({"speculative_config": {"method": "ngram", "num_speculative_tokens": 3,
+                                                      "prompt_lookup_max": 5}})
+    assert (config.speculative_config.num_speculative_tokens, config.speculative_config.prompt_lookup_max) == (3, 5)
+    with pytest.raises(ConfigError, match="method must be one of"):
+        to_engine_config({"speculative_config": {"method": "eagle"}})
 
 
 def test_an_unknown_key_lists_the_known_ones():

@@ -31,6 +31,8 @@ class RankStats:
     expert_tokens: int = 0  # routed token rows over those calls
     num_migrated_in: int = 0
     num_migrated_out: int = 0
+    num_draft_tokens: int = 0  # speculative decoding: tokens drafted
+    num_accepted_tokens: int = 0  # of which accepted
 
 
 @dataclass(slots=True)
@@ -57,6 +59,8 @@ class EngineStats:
     offload: OffloadStats | None = None  # streamed experts (EngineConfig.weight_memory_bytes)
     prefix_cache_queries: int = 0  # tokens of sequences admitted with prefix caching on
     prefix_cache_hits: int = 0  # of which their KV came from the prefix cache
+    num_draft_tokens: int = 0  # speculative decoding (vLLM's metric names): tokens drafted
+    num_accepted_tokens: int = 0  # of which accepted (each accepted one saves a step for its row)
 
     @property
     def prefix_cache_hit_rate(self) -> float:

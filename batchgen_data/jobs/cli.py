@@ -114,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                         help="rows sharing a prompt prefix share its KV (default on; "
                              "--no-enable-prefix-caching turns it off, as in vLLM)")
+    engine.add_argument("--speculative-config", default=None, metavar="JSON",
+                        help='speculative decoding, as vLLM\'s --speculative-config: e.g. '
+                             '\'{"method": "ngram", "num_speculative_tokens": 4}\' (tokens unchanged)')
     engine.add_argument("--weight-memory", type=_byte_size, default=None, metavar="SIZE",
                         help="memory for the model's weights, like 8GB or 512MiB (default: all "
                              "resident); the routed experts stream from the checkpoint through "
@@ -238,7 +241,9 @@ def _main(argv: list[str] | None) -> int:
                                        weight_memory_bytes=args.weight_memory,
                                        enable_prefix_caching=args.enable_prefix_caching,
                                        placement_strategy=args.placement_strategy,
-                                       rank_resources=_rank_resources(args)),
+                                       rank_resources=_rank_resources(args),
+                                       speculative_config=None if args.speculative_config is None else
+                                       parse_json_object(args.speculative_config, "--speculative-config")),
             task_type=args.task,
             prompt_column=args.prompt_column,
             prompt_template=_read_template(args.prompt_template),

@@ -190,3 +190,22 @@ def test_speculative_config_is_checked():
                 {"method": "ngram", "draft_model": "x"}, "ngram"):
         with pytest.raises(ConfigError):
             EngineConfig(speculative_config=bad)
+
+
+@pytest.mark.timeout(240)
+def test_expert_parallel_ranks_speculate_with_the_same_tokens(tiny_checkpoint):
+    """N=2 ranks, each with its own scheduler and n-gram drafts (repetitive prompts so the
+    lookup finds matches), against one process without speculation."""
+    folder, _ = tiny_checkpoint("qwen3_moe")
+    prompts = [[5, 6, 7, 8] * 4, [9, 10, 11] * 5, [40, 41] * 6, [100, 101, 102, 103, 104] * 3]
+    params = [SamplingParams(max_tokens=20, temperature=0, ignore_eos=True),
+              SamplingParams(max_tokens=20, temperature=0.8, seed=4, ignore_eos=True)] * 2
+    plain = Engine(folder, EngineConfig(block_size=8)).generate(prompts, params)
+    engine = Engine(folder, EngineConfig(expert_parallel_size=2, block_size=8, speculative_config=SPEC))
+    try:
+        spec = engine.generate(prompts, params)
+        stats = engine.stats()
+    finally:
+        engine.close()
+    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+    assert stats.num_draft_tokens > 0, "the ranks' n-gram drafts were checked"

@@ -265,6 +265,8 @@ class ExpertParallelExecutor:
             ranks=list(ranks),
             prefix_cache_queries=sum(r.prefix_cache_queries for r in ranks),
             prefix_cache_hits=sum(r.prefix_cache_hits for r in ranks),
+            num_draft_tokens=sum(r.num_draft_tokens for r in ranks),
+            num_accepted_tokens=sum(r.num_accepted_tokens for r in ranks),
         )
 
     def close(self) -> None:

@@ -206,6 +206,7 @@ class InProcessExecutor:
 
     def stats(self) -> EngineStats:
         r, s = self.runner.stats, self.scheduler.stats
+        drafter = self.scheduler.drafter
         store = self.model.expert_store
         return EngineStats(
             num_requests=0,
@@ -227,6 +228,8 @@ class InProcessExecutor:
             offload=None if self.offload_plan is None else OffloadStats.of(self.model, store, self.offload_plan),
             prefix_cache_queries=s.num_prefix_query_tokens,
             prefix_cache_hits=s.num_prefix_hit_tokens,
+            num_draft_tokens=0 if drafter is None else drafter.stats.num_drafted_tokens,
+            num_accepted_tokens=0 if drafter is None else drafter.stats.num_accepted_tokens,
         )
 
     def close(self) -> None:

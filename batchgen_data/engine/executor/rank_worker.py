@@ -195,6 +195,8 @@ class RankWorker:
             expert_tokens=runner.expert_tokens,
             num_migrated_in=self.num_migrated_in,
             num_migrated_out=self.num_migrated_out,
+            num_draft_tokens=stats.num_draft_tokens,
+            num_accepted_tokens=stats.num_accepted_tokens,
         )
 
 

@@ -59,14 +59,16 @@ class Drafter:
     def __init__(self, config: SpeculativeConfig, max_model_len: int, proposer: Proposer | None = None):
         self.config = config
         self.max_model_len = max_model_len
-        self.proposer: Proposer = proposer or NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+        self.default_proposer: Proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+        self.proposer: Proposer = proposer or self.default_proposer
         self.fixed_length: int | None = None
+        self.enabled = True  # benchmarks turn speculation off in the same engine for a baseline
         self.costs = StepCosts()
         self.stats = SpecStats()
 
     def draft(self, running: list[Sequence], kv: KVCacheManager, budget: int) -> None:
         """Give eligible decoding rows their drafts for this step (``seq.draft_token_ids``)."""
-        if not running or any(seq.num_pending_tokens != 1 or seq.is_pooling for seq in running):
+        if not self.enabled or not running or any(seq.num_pending_tokens != 1 or seq.is_pooling for seq in running):
             return  # a step with prefill chunks is not a decode step: no drafts
         rows = [seq for seq in running if _eligible(seq)]
         if not rows:
@@ -111,6 +113,9 @@ class Drafter:
         self.stats.num_accepted_tokens += n
         seq.draft_token_ids = []
         return sampled[: n + 1]
+
+    def reset_stats(self) -> None:
+        self.stats = SpecStats()
 
     def observe(self, num_tokens: int, seconds: float) -> None:
         """A decode step's measured time (the policy's cost model)."""
