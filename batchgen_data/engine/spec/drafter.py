@@ -74,17 +74,17 @@ class Drafter:
         if not rows:
             return
         k_max = max(self.config.num_speculative_tokens, self.fixed_length or 0)
-        offers = []
+        limits = []
         for seq in rows:
-            limit = min(k_max, seq.num_tokens_left - 1, self.max_model_len - seq.num_tokens - 1)
-            offers.append(self.proposer.propose(seq, limit)[:limit] if limit > 0 else [])
+            limits.append(max(0, min(k_max, seq.num_tokens_left - 1, self.max_model_len - seq.num_tokens - 1)))
             if seq.draft_acceptance is None:
                 seq.draft_acceptance = RowAcceptance()
         if self.fixed_length is not None:
-            lengths = [min(self.fixed_length, len(offer)) for offer in offers]
-        else:
-            lengths = choose_draft_lengths([seq.draft_acceptance for seq in rows], [len(o) for o in offers],
-                                           self.costs, k_max)
+            lengths = [min(self.fixed_length, limit) for limit in limits]
+        else:  # the policy first: a large running set asks no proposer at all
+            lengths = choose_draft_lengths([seq.draft_acceptance for seq in rows], limits, self.costs, k_max)
+        offers = [self.proposer.propose(seq, n)[:n] if n > 0 else [] for seq, n in zip(rows, lengths)]
+        lengths = [len(offer) for offer in offers]
         room = budget - len(running)  # the step's token budget left after one token per row
         drafted = False
         for seq, offer, length in zip(rows, offers, lengths):

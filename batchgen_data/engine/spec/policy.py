@@ -101,10 +101,14 @@ def choose_draft_lengths(acceptance: list[RowAcceptance], available: list[int], 
         q += 1
         expected += gain
         yield_next[best] *= acceptance[best].p
-    for i, a in enumerate(acceptance):  # a row that stopped drafting is probed now and then
+    # A row that stopped drafting is probed now and then, where a draft at the prior's
+    # acceptance (1/2) would pay at this step's size.
+    now, more = costs.cost(q), costs.cost(q + 1)
+    probe_pays = 0.5 * now > expected * (more - now)
+    for i, a in enumerate(acceptance):
         if lengths[i] == 0:
             a.steps_since_draft += 1
-            if a.steps_since_draft >= PROBE_EVERY and available[i] > 0:
+            if probe_pays and a.steps_since_draft >= PROBE_EVERY and available[i] > 0:
                 lengths[i] = 1
                 a.steps_since_draft = 0
     return lengths
