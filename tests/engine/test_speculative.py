@@ -181,6 +181,11 @@ def test_the_policy_drafts_where_it_pays_and_stops_where_it_fails():
     assert choose_draft_lengths([row], [4], costs, 4) == [0]
     probes = [choose_draft_lengths([row], [4], costs, 4)[0] for _ in range(PROBE_EVERY)]
     assert probes.count(1) == 1 and probes.count(0) == PROBE_EVERY - 1  # probed once in a while
+    fresh = [RowAcceptance() for _ in range(3)]  # new rows of a job whose drafts have failed
+    assert choose_draft_lengths(fresh, [4] * 3, costs, 4, prior=0.02) == [0, 0, 0]
+    assert sum(choose_draft_lengths(fresh, [4] * 3, costs, 4, prior=0.5)) > 0  # of a job at even odds: they do
+    idle = [RowAcceptance(rejected=5, steps_since_draft=PROBE_EVERY) for _ in range(3)]
+    assert choose_draft_lengths(idle, [4] * 3, costs, 4, prior=0.0) == [1, 0, 0]  # one probe per step
 
 
 def test_speculative_config_is_checked():

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from batchgen_data.engine.spec.config import SpeculativeConfig
-from batchgen_data.engine.spec.policy import RowAcceptance, StepCosts, choose_draft_lengths
+from batchgen_data.engine.spec.policy import JOB_DECAY, RowAcceptance, StepCosts, choose_draft_lengths, may_pay
 from batchgen_data.engine.spec.proposers import NgramProposer, Proposer
 
 if TYPE_CHECKING:
@@ -65,11 +65,14 @@ class Drafter:
         self.enabled = True  # benchmarks turn speculation off in the same engine for a baseline
         self.costs = StepCosts()
         self.stats = SpecStats()
+        self.job_acceptance = RowAcceptance(decay=JOB_DECAY)  # every row's drafts: each row's prior
 
     def draft(self, running: list[Sequence], kv: KVCacheManager, budget: int) -> None:
         """Give eligible decoding rows their drafts for this step (``seq.draft_token_ids``)."""
         if not self.enabled or not running or any(seq.num_pending_tokens != 1 or seq.is_pooling for seq in running):
             return  # a step with prefill chunks is not a decode step: no drafts
+        if self.fixed_length is None and not may_pay(self.costs, len(running)):
+            return  # even a draft sure to be accepted would not pay at this size: no per-row work
         rows = [seq for seq in running if _eligible(seq)]
         if not rows:
             return
@@ -82,7 +85,8 @@ class Drafter:
         if self.fixed_length is not None:
             lengths = [min(self.fixed_length, limit) for limit in limits]
         else:  # the policy first: a large running set asks no proposer at all
-            lengths = choose_draft_lengths([seq.draft_acceptance for seq in rows], limits, self.costs, k_max)
+            lengths = choose_draft_lengths([seq.draft_acceptance for seq in rows], limits, self.costs, k_max,
+                                           prior=self.job_acceptance.p)
         offers = [self.proposer.propose(seq, n)[:n] if n > 0 else [] for seq, n in zip(rows, lengths)]
         lengths = [len(offer) for offer in offers]
         room = budget - len(running)  # the step's token budget left after one token per row
@@ -110,6 +114,7 @@ class Drafter:
         while n < len(draft) and sampled[n] == draft[n]:
             n += 1
         seq.draft_acceptance.update(len(draft), n)
+        self.job_acceptance.update(len(draft), n)
         self.stats.num_accepted_tokens += n
         seq.draft_token_ids = []
         return sampled[: n + 1]

@@ -109,10 +109,10 @@ class ModelRunner:
                     (pool_rows if seq.is_pooling else sample_rows).append((i, len(input_ids) - 1))
                     for j in range(len(seq.draft_token_ids)):  # and a draft's earlier positions
                         sample_rows.append((i, len(input_ids) - 2 - j))
-            ctx = [s.num_computed_tokens + q for s, q in zip(seqs, qlens)]
+            qlens, ctx, tables = _attention_rows(seqs, qlens)
             work.context_tokens += sum(ctx)
             work.attended_keys += sum(q * (c - q) + q * (q + 1) // 2 for q, c in zip(qlens, ctx))
-            metas.append(build_attention_metadata(qlens, ctx, [s.block_ids for s in seqs], self.block_size, device))
+            metas.append(build_attention_metadata(qlens, ctx, tables, self.block_size, device))
         self._attach_gather_buffers(metas)
         last_rows = [row for _, row in sorted(sample_rows)]  # back in batch order
         ids = torch.tensor(input_ids, dtype=torch.long, device=device)
@@ -196,11 +196,10 @@ class ModelRunner:
         padded area stays under ``_MAX_PADDING`` times the real one.
         """
         size = self.attention_batch_size
-        decode = sorted((i for i, q in enumerate(out.query_lens) if q == 1),
-                        key=lambda i: out.seqs[i].num_computed_tokens)
+        decoding = [q == 1 + len(seq.draft_token_ids) for seq, q in zip(out.seqs, out.query_lens)]
+        decode = sorted((i for i, d in enumerate(decoding) if d), key=lambda i: out.seqs[i].num_computed_tokens)
         groups = [decode[k : k + size] for k in range(0, len(decode), size)]
-        prefill = sorted((i for i, q in enumerate(out.query_lens) if q > 1),
-                         key=lambda i: out.query_lens[i], reverse=True)
+        prefill = sorted((i for i, d in enumerate(decoding) if not d), key=lambda i: out.query_lens[i], reverse=True)
         group: list[int] = []
         real = 0
         for i in prefill:
@@ -216,6 +215,27 @@ class ModelRunner:
         if group:
             groups.append(group)
         return groups
+
+
+def _attention_rows(seqs: list[Sequence], qlens: list[int]) -> tuple[list[int], list[int], list[list[int]]]:
+    """Query lengths, context lengths and block tables of a micro-batch's attention. A decoder
+    with a draft (speculative decoding) enters as one single-token query per position, the j-th
+    over the first ``num_computed_tokens + j + 1`` tokens: causal attention within the draft, as
+    decode attention (every position's K/V is written before any is attended), so a drafted
+    step keeps the decode kernels."""
+    if not any(seq.draft_token_ids for seq in seqs):
+        return qlens, [s.num_computed_tokens + q for s, q in zip(seqs, qlens)], [s.block_ids for s in seqs]
+    out_q, out_ctx, out_tables = [], [], []
+    for seq, q in zip(seqs, qlens):
+        if seq.draft_token_ids:
+            out_q += [1] * q
+            out_ctx += [seq.num_computed_tokens + j + 1 for j in range(q)]
+            out_tables += [seq.block_ids] * q
+        else:
+            out_q.append(q)
+            out_ctx.append(seq.num_computed_tokens + q)
+            out_tables.append(seq.block_ids)
+    return out_q, out_ctx, out_tables
 
 
 def _prompt_logprob_rows(seq: Sequence, qlen: int, base: int) -> list[tuple[int, int, int, int, int]]:
