@@ -12,11 +12,13 @@ lengths with P99 = 3.8 x P95, max = 9 x P95, greedy, ``ignore_eos``) on its mode
   * ``oracle-adaptive``: the same proposer under the engine's policy (0..k per row per step);
   * ``never-right``: a proposer whose every token is wrong, under the policy (the cost of
     speculation that fails: the policy should turn it off);
-  * ``ngram``: prompt lookup (vLLM's ``ngram``), under the policy.
+  * ``ngram``: prompt lookup (vLLM's ``ngram``), under the policy;
+  * ``suffix``: suffix decoding over the job's finished outputs and the row (vLLM's ``suffix``),
+    under the policy.
 Reported per run: wall time, output tok/s, the tail (every step from the one where the running
 set first falls to 7 or fewer with nothing queued), its steps and tokens per step, drafted and
 accepted tokens; every run's tokens are checked equal to ``off``'s. The demo-style random-weight
-models repeat tokens, so the n-gram acceptance here says nothing about real models. Writes
+models repeat tokens, so the n-gram and suffix acceptance here says nothing about real models. Writes
 ``speculative-<arch>-cpu.json`` and a timeline PNG of the tail under ``--out``.
 """
 
@@ -34,7 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from batchgen_data import Engine, EngineConfig, SamplingParams  # noqa: E402
-from batchgen_data.engine.spec.proposers import TableProposer  # noqa: E402
+from batchgen_data.engine.spec.proposers import SuffixProposer, TableProposer  # noqa: E402
 from batchgen_data.hardware import cpu_model  # noqa: E402
 from batchgen_data.model import ModelConfig  # noqa: E402
 from benchmarks.workload import BENCH_MODELS, build_bench_model, make_workload  # noqa: E402
@@ -98,6 +100,7 @@ def main() -> None:
     results.append(run(engine, workload, "oracle-adaptive", oracle))
     results.append(run(engine, workload, "never-right", TableProposer(table, vocab, wrong=True)))
     results.append(run(engine, workload, "ngram"))
+    results.append(run(engine, workload, "suffix", SuffixProposer()))
     results.append(run(engine, workload, "off (again)"))
     engine.close()
     base = results[0]
@@ -131,7 +134,7 @@ def _plot(results: list[dict], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(9, 4))
     for r in results:
-        if r["name"] in ("off", "oracle-adaptive", "ngram") or r["name"].startswith("oracle-k"):
+        if r["name"] in ("off", "oracle-adaptive", "ngram", "suffix") or r["name"].startswith("oracle-k"):
             ax.step([t for t, _, _ in r["timeline"]], [n for _, n, _ in r["timeline"]], where="post",
                     label=f"{r['name']} (tail {r['tail_s']:.1f} s)")
     ax.set_ylim(0, 16)

@@ -11,7 +11,7 @@ from tiny_checkpoints import ALL_ARCHS
 from batchgen_data import Engine, EngineConfig, SamplingParams
 from batchgen_data.engine.core.sequence import SequenceStatus
 from batchgen_data.engine.spec.policy import PROBE_EVERY, RowAcceptance, StepCosts, choose_draft_lengths
-from batchgen_data.engine.spec.proposers import TableProposer, lookup
+from batchgen_data.engine.spec.proposers import SuffixProposer, TableProposer, lookup
 from batchgen_data.errors import ConfigError
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 4}
@@ -165,6 +165,37 @@ def test_prompt_lookup_takes_the_longest_suffix_ngram_at_its_earliest_place():
     assert lookup([7, 8, 7], 1, 2, 5) == [8, 7]  # fewer tokens than asked follow the match
 
 
+def test_suffix_decoding_learns_the_jobs_outputs():
+    class Row:
+        def __init__(self, prompt, output):
+            self.prompt_token_ids, self.output_token_ids = prompt, output
+
+    proposer = SuffixProposer(max_depth=4, max_cached=3)
+    skeleton = [50, 51, 52, 53, 54, 55]  # every row's output shares this structure
+    assert proposer.propose(Row([1, 2, 3], [50, 51]), 3) == []  # nothing learned, no self-repeat
+    for row in range(3):
+        proposer.observe(Row([row], skeleton[:3] + [90 + row] + skeleton[3:]))
+    assert proposer.propose(Row([7, 8], [50, 51]), 3)[:1] == [52]  # the job's continuation of "50 51"
+    assert proposer.propose(Row([7, 8], [95, 54]), 2) == [55]  # after "54": 55, then nothing known
+    own = Row([5, 6, 7, 8, 9, 5, 6, 7], [])  # the row's own prompt matches a longer suffix
+    assert proposer.propose(own, 2) == [8, 9]
+    for row in range(4):  # past max_cached the older half is forgotten
+        proposer.observe(Row([row], [70, 71, 72]))
+    assert proposer.propose(Row([1], [70, 71]), 1) == [72]
+
+
+def test_suffix_method_keeps_tokens_and_accepts_drafts_on_a_repetitive_job(tiny_checkpoint):
+    folder, _ = tiny_checkpoint("mixtral")
+    prompts = _prompts(12, seed=7)
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    plain, _, _ = _run(folder, prompts, params, EngineConfig(block_size=8, max_num_seqs=3))
+    config = EngineConfig(block_size=8, max_num_seqs=3, speculative_config={"method": "suffix",
+                                                                             "num_speculative_tokens": 3})
+    spec, stats, free = _run(folder, prompts, params, config, fixed=3)  # the engine's own suffix proposer
+    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+    assert stats.num_accepted_tokens > 0 and free
+
+
 def test_the_policy_drafts_where_it_pays_and_stops_where_it_fails():
     costs = StepCosts()
     for q in range(1, 65):  # a memory-bound step at few tokens, compute-bound at many
@@ -190,7 +221,9 @@ def test_the_policy_drafts_where_it_pays_and_stops_where_it_fails():
 
 def test_speculative_config_is_checked():
     assert EngineConfig(speculative_config=SPEC).speculative_config.num_speculative_tokens == 4
-    for bad in ({"method": "eagle"}, {"method": "ngram", "num_speculative_tokens": 0},
+    assert EngineConfig(speculative_config={"method": "suffix"}).speculative_config.suffix_decoding_max_tree_depth == 8
+    for bad in ({"method": "eagle"}, {"method": "mtp"}, {"method": "ngram", "num_speculative_tokens": 0},
+                {"method": "suffix", "suffix_decoding_min_token_prob": 2},
                 {"method": "ngram", "prompt_lookup_min": 3, "prompt_lookup_max": 2}, {"num_speculative_tokens": 2},
                 {"method": "ngram", "draft_model": "x"}, "ngram"):
         with pytest.raises(ConfigError):

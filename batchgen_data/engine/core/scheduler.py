@@ -334,3 +334,5 @@ class Scheduler(MigrateMethods):
         self.running.remove(seq)
         self.kv.free(seq)
         seq.finish(reason, now_s, error=error)
+        if self.drafter is not None:
+            self.drafter.finished(seq)

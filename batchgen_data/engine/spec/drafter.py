@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from batchgen_data.engine.spec.config import SpeculativeConfig
 from batchgen_data.engine.spec.policy import JOB_DECAY, RowAcceptance, StepCosts, choose_draft_lengths, may_pay
-from batchgen_data.engine.spec.proposers import NgramProposer, Proposer
+from batchgen_data.engine.spec.proposers import NgramProposer, Proposer, SuffixProposer
 
 if TYPE_CHECKING:
     from batchgen_data.engine.core.kv_manager import KVCacheManager
@@ -59,7 +59,7 @@ class Drafter:
     def __init__(self, config: SpeculativeConfig, max_model_len: int, proposer: Proposer | None = None):
         self.config = config
         self.max_model_len = max_model_len
-        self.default_proposer: Proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+        self.default_proposer: Proposer = make_proposer(config)
         self.proposer: Proposer = proposer or self.default_proposer
         self.fixed_length: int | None = None
         self.enabled = True  # benchmarks turn speculation off in the same engine for a baseline
@@ -119,12 +119,26 @@ class Drafter:
         seq.draft_token_ids = []
         return sampled[: n + 1]
 
+    def finished(self, seq: Sequence) -> None:
+        """A row finished: a proposer that learns from the job's outputs sees it."""
+        observe = getattr(self.proposer, "observe", None)
+        if observe is not None and seq.finish_reason != "error":
+            observe(seq)
+
     def reset_stats(self) -> None:
         self.stats = SpecStats()
 
     def observe(self, num_tokens: int, seconds: float) -> None:
         """A decode step's measured time (the policy's cost model)."""
         self.costs.observe(num_tokens, seconds)
+
+
+def make_proposer(config: SpeculativeConfig) -> Proposer:
+    if config.method == "suffix":
+        return SuffixProposer(config.suffix_decoding_max_tree_depth, config.suffix_decoding_max_cached_requests,
+                              config.suffix_decoding_min_token_prob, config.prompt_lookup_min,
+                              config.prompt_lookup_max)
+    return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
 
 
 def _eligible(seq: Sequence) -> bool:

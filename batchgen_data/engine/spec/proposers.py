@@ -33,14 +33,19 @@ class NgramProposer:
 def lookup(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
     """The ``k`` tokens after the earliest earlier occurrence of the longest suffix n-gram
     (``min_n <= n <= max_n``) of ``tokens``; [] when no suffix of ``min_n`` tokens recurs."""
+    return longest_lookup(tokens, min_n, max_n, k)[1]
+
+
+def longest_lookup(tokens: list[int], min_n: int, max_n: int, k: int) -> tuple[int, list[int]]:
+    """``lookup``, with the length of the n-gram matched (0: none)."""
     size = len(tokens)
     for n in range(min(max_n, size - 1), min_n - 1, -1):
         suffix = tokens[size - n:]
         first = suffix[0]
         for start in range(0, size - n):  # an occurrence that ends before the suffix itself starts its draft
             if tokens[start] == first and tokens[start:start + n] == suffix:
-                return tokens[start + n : start + n + k]
-    return []
+                return n, tokens[start + n : start + n + k]
+    return 0, []
 
 
 class TableProposer:
@@ -58,3 +63,68 @@ class TableProposer:
         if self.wrong:
             draft = [(t + 1) % self.vocab_size for t in draft] or [0] * k
         return draft
+
+
+class SuffixProposer:
+    """Suffix decoding (vLLM's ``suffix`` method, after SuffixDecoding, arXiv 2411.04975): the
+    job's finished outputs, and the row's own prompt and output, predict its next tokens.
+
+    The job's last ``max_cached`` outputs are kept as continuation counts of every context of
+    1..``max_depth`` tokens, keyed by the context's hash (a collision can only cost a rejected
+    draft, never a token). A draft extends the row's tokens one token at a time with the most
+    frequent continuation of their longest known suffix, while that token's share of the
+    continuations is at least ``min_token_prob``; where the row's own prompt lookup
+    (``lookup``) matches a longer suffix, its tokens are the draft instead. Outputs of a job that
+    share a structure (a JSON skeleton, a template) are drafted after a few rows. Memory: at
+    most ``max_cached * output length * max_depth`` counts (the defaults: 256 outputs, depth 8).
+    """
+
+    def __init__(self, max_depth: int = 8, max_cached: int = 256, min_token_prob: float = 0.1,
+                 prompt_lookup_min: int = 1, prompt_lookup_max: int = 4):
+        self.max_depth, self.max_cached, self.min_token_prob = max_depth, max_cached, min_token_prob
+        self.prompt_lookup_min, self.prompt_lookup_max = prompt_lookup_min, prompt_lookup_max
+        self._next: dict[int, dict[int, int]] = {}
+        self._outputs: list[list[int]] = []  # the cached outputs, oldest first
+
+    def observe(self, seq: Sequence) -> None:
+        """Learn a finished row's output (past ``max_cached``, the older half is forgotten)."""
+        output = list(seq.output_token_ids)
+        if len(output) < 2:
+            return
+        self._outputs.append(output)
+        if len(self._outputs) > self.max_cached:
+            self._outputs = self._outputs[len(self._outputs) // 2:]
+            self._next = {}
+            for kept in self._outputs:
+                self._count(kept)
+        else:
+            self._count(output)
+
+    def propose(self, seq: Sequence, k: int) -> list[int]:
+        tokens = seq.prompt_token_ids + seq.output_token_ids
+        context = tokens[-self.max_depth:]
+        draft: list[int] = []
+        token, matched = self._continue(context)
+        while token is not None and len(draft) < k:
+            draft.append(token)
+            context = (context + [token])[-self.max_depth:]
+            token, _ = self._continue(context)
+        own_length, own = longest_lookup(tokens, self.prompt_lookup_min, self.prompt_lookup_max, k)
+        return own if own and own_length > matched else draft
+
+    def _continue(self, context: list[int]) -> tuple[int | None, int]:
+        """The most frequent next token after the longest known suffix of ``context`` (None if
+        its share is below ``min_token_prob``) and that suffix's length."""
+        for depth in range(min(len(context), self.max_depth), 0, -1):
+            counts = self._next.get(hash(tuple(context[-depth:])))
+            if counts:
+                token, count = max(counts.items(), key=lambda item: item[1])
+                return (token if count >= self.min_token_prob * sum(counts.values()) else None), depth
+        return None, 0
+
+    def _count(self, output: list[int]) -> None:
+        for end in range(1, len(output)):
+            following = output[end]
+            for depth in range(1, min(end, self.max_depth) + 1):
+                counts = self._next.setdefault(hash(tuple(output[end - depth:end])), {})
+                counts[following] = counts.get(following, 0) + 1
