@@ -86,6 +86,26 @@ def test_logprobs_stop_rules_and_grammar_rows_unchanged(tiny_checkpoint):
                 assert max(abs(x[t].logprob - y[t].logprob) for t in x) < 1e-4
 
 
+def test_constrained_rows_draft_within_their_grammar(tiny_checkpoint):
+    """Only constrained rows: every draft is cut to what the grammar allows, each position is
+    masked by the grammar state after the draft before it, and the outputs are plain decoding's
+    (the grammar completes inside some drafts)."""
+    folder, _ = tiny_checkpoint("qwen3_moe")
+    prompts = _prompts(8, seed=8)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string", "maxLength": 6}},
+              "required": ["a", "b"], "additionalProperties": False}
+    params = [SamplingParams(max_tokens=30, temperature=0, structured_outputs={"regex": "[a-z]{4,30}"}),
+              SamplingParams(max_tokens=30, temperature=0.8, seed=3, structured_outputs={"regex": "[a-z ]{4,30}"}),
+              SamplingParams(max_tokens=30, temperature=0, structured_outputs={"json": schema}),
+              SamplingParams(max_tokens=30, temperature=0.7, seed=8, structured_outputs={"json": schema})] * 2
+    plain, _, _ = _run(folder, prompts, params, EngineConfig(block_size=8))
+    assert all(o.error is None for o in plain)
+    spec, stats, free = _run(folder, prompts, params, EngineConfig(block_size=8, speculative_config=SPEC),
+                             PartlyRight(_table(plain, prompts), seed=9))
+    assert [(o.token_ids, o.finish_reason) for o in spec] == [(o.token_ids, o.finish_reason) for o in plain]
+    assert stats.num_accepted_tokens > 0 and free
+
+
 def test_drafts_at_the_end_of_max_tokens_and_a_stop_inside_a_draft(tiny_checkpoint):
     """An oracle drafts through a stop token and up to max_tokens: the output ends where plain
     decoding ends it."""

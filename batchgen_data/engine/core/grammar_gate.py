@@ -61,11 +61,16 @@ class GrammarGate:
             self.compiling.remove(seq)
 
     def bitmask(self, sampling: list[Sequence]) -> tuple[list[int], Any]:
-        """Positions among ``sampling`` of the constrained rows, and their bitmasks."""
+        """Positions among ``sampling`` of the constrained rows, and their bitmasks (a row with a
+        speculative draft of k tokens has k + 1 consecutive mask rows)."""
         rows = [row for row, seq in enumerate(sampling) if seq.structured is not None]
         if not rows or self.structured is None:
             return [], None
         return rows, self.structured.bitmask([sampling[row] for row in rows])
+
+    def valid_draft(self, seq: Sequence, draft: list[int]) -> list[int]:
+        """A constrained sequence's draft cut where its grammar would reject it or complete."""
+        return self.structured.valid_draft(seq, draft)
 
     def advance(self, seq: Sequence, token: int) -> tuple[str | None, bool]:
         """Advance a constrained sequence's matcher by its sampled token: (an error if the

@@ -151,7 +151,8 @@ class Scheduler(MigrateMethods):
             finished = self._poll_grammars()
             swap_in += self._refill()
         if self.drafter is not None:
-            self.drafter.draft(self.running, self.kv, self.config.max_num_batched_tokens)
+            self.drafter.draft(self.running, self.kv, self.config.max_num_batched_tokens,
+                               self.grammars if self.grammars.structured is not None else None)
         out = SchedulerOutput(*combine(self.running, self.config.max_num_batched_tokens,
                                       self.config.enable_chunked_prefill), swap_out, swap_in,
                               finished=finished)

@@ -15,8 +15,11 @@ NOTE: one step with drafts (``docs/architecture.md``, "Speculative decoding"):
            cache names only blocks of accepted tokens). Each token then goes through the stop
            rules in order, so EOS, stop strings and max_tokens cut a step's tokens where plain
            decoding would stop.
-Rows with a grammar, a logits processor or a penalty do not draft (their logits at position j
-would need the state after the draft's first j tokens); they decode as without speculation.
+A constrained row drafts only the prefix of its proposal its grammar accepts, cut before a token
+that would complete the grammar; its k + 1 positions each get the mask of the grammar state after
+the draft tokens before it, and the grammar advances only over the tokens kept. Rows with a
+logits processor or a penalty do not draft (their logits at position j would need the output
+after the draft's first j tokens); they decode as without speculation.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from batchgen_data.engine.spec.policy import JOB_DECAY, RowAcceptance, StepCosts
 from batchgen_data.engine.spec.proposers import NgramProposer, Proposer, SuffixProposer
 
 if TYPE_CHECKING:
+    from batchgen_data.engine.core.grammar_gate import GrammarGate
     from batchgen_data.engine.core.kv_manager import KVCacheManager
     from batchgen_data.engine.core.sequence import Sequence
 
@@ -67,7 +71,7 @@ class Drafter:
         self.stats = SpecStats()
         self.job_acceptance = RowAcceptance(decay=JOB_DECAY)  # every row's drafts: each row's prior
 
-    def draft(self, running: list[Sequence], kv: KVCacheManager, budget: int) -> None:
+    def draft(self, running: list[Sequence], kv: KVCacheManager, budget: int, grammars: GrammarGate | None = None) -> None:
         """Give eligible decoding rows their drafts for this step (``seq.draft_token_ids``)."""
         if not self.enabled or not running or any(seq.num_pending_tokens != 1 or seq.is_pooling for seq in running):
             return  # a step with prefill chunks is not a decode step: no drafts
@@ -88,6 +92,9 @@ class Drafter:
             lengths = choose_draft_lengths([seq.draft_acceptance for seq in rows], limits, self.costs, k_max,
                                            prior=self.job_acceptance.p)
         offers = [self.proposer.propose(seq, n)[:n] if n > 0 else [] for seq, n in zip(rows, lengths)]
+        if grammars is not None:  # a constrained row drafts only what its grammar allows
+            offers = [grammars.valid_draft(seq, offer) if offer and seq.structured is not None else offer
+                      for seq, offer in zip(rows, offers)]
         lengths = [len(offer) for offer in offers]
         room = budget - len(running)  # the step's token budget left after one token per row
         drafted = False
@@ -142,5 +149,6 @@ def make_proposer(config: SpeculativeConfig) -> Proposer:
 
 
 def _eligible(seq: Sequence) -> bool:
-    """Rows whose logits at a draft position need nothing but the tokens before it."""
-    return seq.structured is None and not seq.params.adjusts_logits
+    """Rows whose logits at a draft position need nothing but the tokens before it and, for a
+    constrained row, its grammar's state after them (a mask per position)."""
+    return (seq.structured is None or seq.structured.is_ready) and not seq.params.adjusts_logits

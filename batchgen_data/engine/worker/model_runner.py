@@ -253,7 +253,7 @@ def _sampling_rows(seqs: list[Sequence], grammar_rows: list[int]) -> tuple[list[
     """One sampling row per sequence, or, for a sequence with a draft of k tokens, k + 1 rows
     (its positions in order, the j-th sampling the row's token number ``num_generated + j``):
     the rows, each row's position offset (None when no sequence drafted), and the grammar rows
-    renumbered (a constrained sequence never drafts)."""
+    renumbered (a drafted constrained sequence has a mask row per position)."""
     if not any(seq.draft_token_ids for seq in seqs):
         return seqs, None, grammar_rows
     rows, offsets, first = [], [], []
@@ -262,7 +262,7 @@ def _sampling_rows(seqs: list[Sequence], grammar_rows: list[int]) -> tuple[list[
         for j in range(1 + len(seq.draft_token_ids)):
             rows.append(seq)
             offsets.append(j)
-    return rows, offsets, [first[r] for r in grammar_rows]
+    return rows, offsets, [first[r] + j for r in grammar_rows for j in range(1 + len(seqs[r].draft_token_ids))]
 
 
 def _sampling_batch(seqs: list[Sequence], device: torch.device, grammar_rows: list[int],
