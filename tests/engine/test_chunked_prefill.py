@@ -9,7 +9,7 @@ from batchgen_data.engine.core.scheduler_output import combine
 
 
 def _seqs(*pending: int) -> list:
-    return [SimpleNamespace(num_pending_tokens=p) for p in pending]
+    return [SimpleNamespace(num_pending_tokens=p, draft_token_ids=[]) for p in pending]
 
 
 def test_combine_chunks_by_default_and_runs_whole_prompts_without_chunking():
