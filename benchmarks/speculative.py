@@ -121,8 +121,9 @@ def main() -> None:
     for r in results:
         del r["outputs"]
     stem = f"speculative-{args.arch}-cpu"
-    (args.out / f"{stem}.json").write_text(json.dumps({"cpu": cpu_model(), "arch": args.arch, "k": args.k,
-                                                       "requests": args.requests, "runs": results}, indent=1))
+    head = json.dumps({"cpu": cpu_model(), "arch": args.arch, "k": args.k, "requests": args.requests}, indent=1)
+    runs = ",\n".join("  " + json.dumps(r) for r in results)  # a run (with its step timeline) per line
+    (args.out / f"{stem}.json").write_text(f'{head[:-2]},\n "runs": [\n{runs}\n ]\n}}\n')
     _plot(results, args.out / f"{stem}.png")
 
 
