@@ -5,9 +5,9 @@ NOTE: the model of a step. A row whose draft tokens are each accepted with proba
 (given the ones before it were) yields ``1 + p + ... + p^k`` tokens from a draft of ``k``; the
 step's cost grows with its query tokens ``q`` as measured on this engine (``StepCosts``: the
 mean decode-step time per ``q``, read through a least-squares line over the sizes measured near
-``q``; on a MoE model an extra token may wake more experts, which the measurements include). One more draft token for the row
-whose next token is likeliest to be accepted is added while it raises expected tokens per
-second: ``p_i^(k_i + 1) / (t(q + 1) - t(q)) > E / t(q)``. A step of many rows is dominated by
+``q``; on a MoE model an extra token may wake more experts, which the measurements include).
+One more draft token for the row whose next token is likeliest to be accepted is added while it
+raises expected tokens per second: ``p_i^(k_i + 1) / (t(q + 1) - t(q)) > E / t(q)``. A step of many rows is dominated by
 its compute, the extra token costs about what a row's token yields, and nothing is drafted; a
 row whose drafts keep failing stops drafting (``p`` falls), and rows that have not drafted for
 ``PROBE_EVERY`` steps are probed with one token, one row per step.
