@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from batchgen_data.engine.spec.config import SpeculativeConfig
+from batchgen_data.speculative_config import SpeculativeConfig
 from batchgen_data.errors import ConfigError
 
 if TYPE_CHECKING:

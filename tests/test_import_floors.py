@@ -19,6 +19,7 @@ FLOORS = {
     "config": 0,
     "paths": 0,
     "hardware": 0,  # the CPU's name, for cache keys and benchmark reports
+    "speculative_config": 0,  # EngineConfig.speculative_config's dataclass
     "model": 1,
     "engine": 2,
     "distributed": 3,

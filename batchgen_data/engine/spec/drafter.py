@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from batchgen_data.engine.spec.config import SpeculativeConfig
+from batchgen_data.speculative_config import SpeculativeConfig
 from batchgen_data.engine.spec.policy import JOB_DECAY, RowAcceptance, StepCosts, choose_draft_lengths, may_pay
 from batchgen_data.engine.spec.proposers import NgramProposer, Proposer, SuffixProposer
 
