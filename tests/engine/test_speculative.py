@@ -11,7 +11,10 @@ from tiny_checkpoints import ALL_ARCHS
 from batchgen_data import Engine, EngineConfig, SamplingParams
 from batchgen_data.engine.core.sequence import SequenceStatus
 from batchgen_data.engine.spec.policy import PROBE_EVERY, RowAcceptance, StepCosts, choose_draft_lengths
-from batchgen_data.engine.spec.proposers import SuffixProposer, TableProposer, lookup
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from batchgen_data.engine.spec.proposers import NgramIndex, SuffixProposer, TableProposer, longest_lookup, lookup
 from batchgen_data.errors import ConfigError
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 4}
@@ -185,10 +188,22 @@ def test_prompt_lookup_takes_the_longest_suffix_ngram_at_its_earliest_place():
     assert lookup([7, 8, 7], 1, 2, 5) == [8, 7]  # fewer tokens than asked follow the match
 
 
+@settings(max_examples=200, deadline=None)
+@given(tokens=st.lists(st.integers(0, 5), min_size=1, max_size=60), cuts=st.lists(st.integers(1, 60), max_size=4),
+       min_n=st.integers(1, 3), extra=st.integers(0, 3), k=st.integers(1, 5))
+def test_the_ngram_index_finds_what_the_scan_finds(tokens, cuts, min_n, extra, k):
+    """The incremental index answers as the scan does, after the tokens grow in steps."""
+    index = NgramIndex(min_n, min_n + extra)
+    for cut in sorted(set(cuts)) + [len(tokens)]:
+        seen = tokens[:cut]
+        assert index.lookup(seen, k) == longest_lookup(seen, min_n, min_n + extra, k)
+
+
 def test_suffix_decoding_learns_the_jobs_outputs():
     class Row:
         def __init__(self, prompt, output):
             self.prompt_token_ids, self.output_token_ids = prompt, output
+            self.draft_index = None
 
     proposer = SuffixProposer(max_depth=4, max_cached=3)
     skeleton = [50, 51, 52, 53, 54, 55]  # every row's output shares this structure
@@ -236,7 +251,8 @@ def test_the_policy_drafts_where_it_pays_and_stops_where_it_fails():
     assert choose_draft_lengths(fresh, [4] * 3, costs, 4, prior=0.02) == [0, 0, 0]
     assert sum(choose_draft_lengths(fresh, [4] * 3, costs, 4, prior=0.5)) > 0  # of a job at even odds: they do
     idle = [RowAcceptance(rejected=5, steps_since_draft=PROBE_EVERY) for _ in range(3)]
-    assert choose_draft_lengths(idle, [4] * 3, costs, 4, prior=0.0) == [1, 0, 0]  # one probe per step
+    assert choose_draft_lengths(idle, [4] * 3, costs, 4, prior=0.0) == [1, 0, 0]  # one probe per step at most
+    assert choose_draft_lengths(idle, [4] * 3, costs, 4, prior=0.0, may_probe=False) == [0, 0, 0]
 
 
 def test_speculative_config_is_checked():

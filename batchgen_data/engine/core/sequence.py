@@ -122,6 +122,7 @@ class Sequence:
     # tokens are accepted (never present between steps); the row's acceptance record.
     draft_token_ids: list[int] = field(default_factory=list)
     draft_acceptance: Any = None
+    draft_index: Any = None  # the n-gram proposers' index of its tokens (``NgramIndex``)
 
     @classmethod
     def from_state(cls, state: SequenceState, request_id: int, now_s: float) -> Sequence:
@@ -201,6 +202,7 @@ class Sequence:
         self.finish_reason, self.error, self.finished_s = reason, error, now_s
         self.host_kv = None
         self.structured = None
+        self.draft_index = None
 
     def export_state(self, kv: torch.Tensor | None = None) -> SequenceState:
         return SequenceState(

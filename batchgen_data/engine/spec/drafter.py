@@ -28,7 +28,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from batchgen_data.speculative_config import SpeculativeConfig
-from batchgen_data.engine.spec.policy import JOB_DECAY, RowAcceptance, StepCosts, choose_draft_lengths, may_pay
+from batchgen_data.engine.spec.policy import (
+    JOB_DECAY,
+    PROBE_EVERY,
+    RowAcceptance,
+    StepCosts,
+    choose_draft_lengths,
+    may_pay,
+)
 from batchgen_data.engine.spec.proposers import NgramProposer, Proposer, SuffixProposer
 
 if TYPE_CHECKING:
@@ -70,6 +77,7 @@ class Drafter:
         self.costs = StepCosts()
         self.stats = SpecStats()
         self.job_acceptance = RowAcceptance(decay=JOB_DECAY)  # every row's drafts: each row's prior
+        self._steps_since_probe = 0
 
     def draft(self, running: list[Sequence], kv: KVCacheManager, budget: int, grammars: GrammarGate | None = None) -> None:
         """Give eligible decoding rows their drafts for this step (``seq.draft_token_ids``)."""
@@ -89,8 +97,12 @@ class Drafter:
         if self.fixed_length is not None:
             lengths = [min(self.fixed_length, limit) for limit in limits]
         else:  # the policy first: a large running set asks no proposer at all
+            self._steps_since_probe += 1
             lengths = choose_draft_lengths([seq.draft_acceptance for seq in rows], limits, self.costs, k_max,
-                                           prior=self.job_acceptance.p)
+                                           prior=self.job_acceptance.p,
+                                           may_probe=self._steps_since_probe >= PROBE_EVERY)
+            if self._steps_since_probe >= PROBE_EVERY and any(lengths):
+                self._steps_since_probe = 0
         offers = [self.proposer.propose(seq, n)[:n] if n > 0 else [] for seq, n in zip(rows, lengths)]
         if grammars is not None:  # a constrained row drafts only what its grammar allows
             offers = [grammars.valid_draft(seq, offer) if offer and seq.structured is not None else offer

@@ -9,8 +9,8 @@ mean decode-step time per ``q``, read through a least-squares line over the size
 One more draft token for the row whose next token is likeliest to be accepted is added while it
 raises expected tokens per second: ``p_i^(k_i + 1) / (t(q + 1) - t(q)) > E / t(q)``. A step of many rows is dominated by
 its compute, the extra token costs about what a row's token yields, and nothing is drafted; a
-row whose drafts keep failing stops drafting (``p`` falls), and rows that have not drafted for
-``PROBE_EVERY`` steps are probed with one token, one row per step.
+row whose drafts keep failing stops drafting (``p`` falls), and a row that has not drafted for
+``PROBE_EVERY`` steps is probed with one token, one row in ``PROBE_EVERY`` steps of the job.
 """
 
 from __future__ import annotations
@@ -107,9 +107,9 @@ class StepCosts:
 
 
 def choose_draft_lengths(acceptance: list[RowAcceptance], available: list[int], costs: StepCosts,
-                         k_max: int, prior: float = 0.5) -> list[int]:
+                         k_max: int, prior: float = 0.5, may_probe: bool = True) -> list[int]:
     """Draft tokens per row (``available[i]``: the most row i may draft; ``prior``: the job's
-    acceptance, each row's prior)."""
+    acceptance, each row's prior; ``may_probe``: this step may probe one idle row)."""
     n = len(acceptance)
     lengths = [0] * n
     if n == 0 or costs.cost(n) is None:
@@ -130,11 +130,12 @@ def choose_draft_lengths(acceptance: list[RowAcceptance], available: list[int], 
         q += 1
         expected += gain
         yield_next[best] *= p[best]
-    # One row that has not drafted for ``PROBE_EVERY`` of its steps is probed with one token,
-    # where a draft at even odds would pay at this step's size: a proposer that failed may
-    # have started to fit (an output that begins to repeat its input).
+    # One row that has not drafted for ``PROBE_EVERY`` of its steps is probed with one token
+    # (at most once in ``PROBE_EVERY`` steps of the job: the drafter says when), where a draft
+    # at even odds would pay at this step's size: a proposer that failed may have started to
+    # fit (an output that begins to repeat its input).
     now, more = costs.cost(q), costs.cost(q + 1)
-    probe = 0.5 * now > expected * (more - now)
+    probe = may_probe and 0.5 * now > expected * (more - now)
     for i, a in enumerate(acceptance):
         if lengths[i] == 0:
             a.steps_since_draft += 1

@@ -20,14 +20,45 @@ class Proposer(Protocol):
 class NgramProposer:
     """Prompt lookup (vLLM's ``ngram`` method): the longest suffix of the row's tokens, between
     ``min_n`` and ``max_n`` long, that occurred earlier in its prompt or output; the tokens that
-    followed its earliest occurrence are the draft."""
+    followed its earliest occurrence are the draft (``lookup``, through the row's ``NgramIndex``)."""
 
     def __init__(self, min_n: int, max_n: int):
         self.min_n, self.max_n = min_n, max_n
 
     def propose(self, seq: Sequence, k: int) -> list[int]:
-        tokens = seq.prompt_token_ids + seq.output_token_ids
-        return lookup(tokens, self.min_n, self.max_n, k)
+        return row_index(seq, self.min_n, self.max_n).lookup(seq.prompt_token_ids + seq.output_token_ids, k)[1]
+
+
+class NgramIndex:
+    """The earliest start of every n-gram (``min_n <= n <= max_n``) of a row's tokens, extended
+    as tokens are appended: ``lookup`` in O(max_n) instead of a scan of the row (0.3 ms for a
+    4,000-token prompt in Python, every step). Kept on the sequence while it drafts
+    (``Sequence.draft_index``): ~(max_n - min_n + 1) entries per token."""
+
+    def __init__(self, min_n: int, max_n: int):
+        self.min_n, self.max_n = min_n, max_n
+        self.first: dict[tuple[int, ...], int] = {}
+        self.size = 0
+
+    def lookup(self, tokens: list[int], k: int) -> tuple[int, list[int]]:
+        """``longest_lookup(tokens, min_n, max_n, k)``; ``tokens`` extend the ones seen before."""
+        first, size = self.first, len(tokens)
+        for end in range(self.size, size):  # the n-grams ending at each new token
+            for n in range(self.min_n, min(self.max_n, end + 1) + 1):
+                first.setdefault(tuple(tokens[end - n + 1 : end + 1]), end - n + 1)
+        self.size = size
+        for n in range(min(self.max_n, size - 1), self.min_n - 1, -1):
+            start = first.get(tuple(tokens[size - n:]))
+            if start is not None and start < size - n:  # an occurrence before the suffix itself
+                return n, tokens[start + n : start + n + k]
+        return 0, []
+
+
+def row_index(seq: Sequence, min_n: int, max_n: int) -> NgramIndex:
+    index = seq.draft_index
+    if index is None or (index.min_n, index.max_n) != (min_n, max_n):
+        index = seq.draft_index = NgramIndex(min_n, max_n)
+    return index
 
 
 def lookup(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
@@ -109,7 +140,7 @@ class SuffixProposer:
             draft.append(token)
             context = (context + [token])[-self.max_depth:]
             token, _ = self._continue(context)
-        own_length, own = longest_lookup(tokens, self.prompt_lookup_min, self.prompt_lookup_max, k)
+        own_length, own = row_index(seq, self.prompt_lookup_min, self.prompt_lookup_max).lookup(tokens, k)
         return own if own and own_length > matched else draft
 
     def _continue(self, context: list[int]) -> tuple[int | None, int]:
