@@ -151,8 +151,7 @@ class Scheduler(MigrateMethods):
             finished = self._poll_grammars()
             swap_in += self._refill()
         if self.drafter is not None:
-            self.drafter.draft(self.running, self.kv, self.config.max_num_batched_tokens,
-                               self.grammars if self.grammars.structured is not None else None)
+            self.drafter.draft(self.running, self.kv, self.config.max_num_batched_tokens, self.grammars)
         out = SchedulerOutput(*combine(self.running, self.config.max_num_batched_tokens,
                                       self.config.enable_chunked_prefill), swap_out, swap_in,
                               finished=finished)
@@ -304,14 +303,19 @@ class Scheduler(MigrateMethods):
                 self._finish(seq, "stop", now_s)
                 finished.append(seq)
                 continue
-            token = next(tokens)
-            seq.append_token(token, next(logprobs, None), now_s)
-            self.last_num_generated += 1
-            reason, error = self.stops.check(seq, token)
-            if reason is not None:
-                self._finish(seq, reason, now_s, error)
-                finished.append(seq)
+            self._append(seq, next(tokens), next(logprobs, None), now_s, finished)
         return finished
+
+    def _append(self, seq: Sequence, token: int, token_logprobs, now_s: float, finished: list[Sequence]) -> bool:
+        """Append a sampled token and apply the stop rules; whether the sequence finished."""
+        seq.append_token(token, token_logprobs, now_s)
+        self.last_num_generated += 1
+        reason, error = self.stops.check(seq, token)
+        if reason is None:
+            return False
+        self._finish(seq, reason, now_s, error)
+        finished.append(seq)
+        return True
 
     def _accept_draft(self, seq: Sequence, sampled: list[int], logprobs: list, now_s: float,
                       finished: list[Sequence]) -> None:
@@ -321,12 +325,7 @@ class Scheduler(MigrateMethods):
         kept = self.drafter.accept(seq, sampled)
         seq.num_computed_tokens += len(kept)  # the pending token and the accepted draft tokens
         for token, token_logprobs in zip(kept, logprobs):
-            seq.append_token(token, token_logprobs, now_s)
-            self.last_num_generated += 1
-            reason, error = self.stops.check(seq, token)
-            if reason is not None:
-                self._finish(seq, reason, now_s, error)
-                finished.append(seq)
+            if self._append(seq, token, token_logprobs, now_s, finished):
                 return
         self.kv.commit(seq)
 

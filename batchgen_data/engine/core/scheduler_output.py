@@ -45,6 +45,18 @@ class SchedulerOutput:
         return [seq for seq, last in zip(self.seqs, self.samples) if last and not seq.is_pooling]
 
     @property
+    def decoding(self) -> list[bool]:
+        """Per sequence: it decodes (its pending token, plus a draft if it has one), rather
+        than running a prefill chunk."""
+        return [q == 1 + len(seq.draft_token_ids) for seq, q in zip(self.seqs, self.query_lens)]
+
+    @property
+    def is_decode_step(self) -> bool:
+        """Every sequence decodes and samples, and no KV moves: a step whose time the
+        speculative policy learns from."""
+        return bool(self.seqs) and all(self.samples) and all(self.decoding) and not self.swap_in and not self.swap_out
+
+    @property
     def is_progress(self) -> bool:
         """Whether this step changes anything: a forward, a suspension or a finished sequence."""
         return bool(self.seqs or self.swap_out or self.finished)

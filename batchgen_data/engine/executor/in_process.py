@@ -148,9 +148,8 @@ class InProcessExecutor:
         start = time.perf_counter()
         result = self.runner.execute(out)
         drafter = self.scheduler.drafter
-        if drafter is not None and out.seqs and all(out.samples) and not out.swap_in and not out.swap_out:
-            if all(q == 1 + len(seq.draft_token_ids) for seq, q in zip(out.seqs, out.query_lens)):
-                drafter.observe(out.num_tokens, time.perf_counter() - start)  # a decode step's cost
+        if drafter is not None and out.is_decode_step:
+            drafter.observe(out.num_tokens, time.perf_counter() - start)  # a decode step's cost
         finished = self.scheduler.update(out, result, self._clock())
         self._num_generated += self.scheduler.last_num_generated
         if not out.is_progress and self.scheduler.has_unfinished():

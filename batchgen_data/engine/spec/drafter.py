@@ -46,7 +46,6 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class SpecStats:
-    num_draft_steps: int = 0  # steps in which some row drafted
     num_drafted_tokens: int = 0
     num_accepted_tokens: int = 0  # draft tokens accepted
 
@@ -79,7 +78,7 @@ class Drafter:
         self.job_acceptance = RowAcceptance(decay=JOB_DECAY)  # every row's drafts: each row's prior
         self._steps_since_probe = 0
 
-    def draft(self, running: list[Sequence], kv: KVCacheManager, budget: int, grammars: GrammarGate | None = None) -> None:
+    def draft(self, running: list[Sequence], kv: KVCacheManager, budget: int, grammars: GrammarGate) -> None:
         """Give eligible decoding rows their drafts for this step (``seq.draft_token_ids``)."""
         if not self.enabled or not running or any(seq.num_pending_tokens != 1 or seq.is_pooling for seq in running):
             return  # a step with prefill chunks is not a decode step: no drafts
@@ -104,12 +103,10 @@ class Drafter:
             if self._steps_since_probe >= PROBE_EVERY and any(lengths):
                 self._steps_since_probe = 0
         offers = [self.proposer.propose(seq, n)[:n] if n > 0 else [] for seq, n in zip(rows, lengths)]
-        if grammars is not None:  # a constrained row drafts only what its grammar allows
-            offers = [grammars.valid_draft(seq, offer) if offer and seq.structured is not None else offer
-                      for seq, offer in zip(rows, offers)]
+        offers = [grammars.valid_draft(seq, offer) if offer and seq.structured is not None else offer
+                  for seq, offer in zip(rows, offers)]  # a constrained row drafts only what its grammar allows
         lengths = [len(offer) for offer in offers]
         room = budget - len(running)  # the step's token budget left after one token per row
-        drafted = False
         for seq, offer, length in zip(rows, offers, lengths):
             length = min(length, room)
             if length <= 0:
@@ -121,9 +118,7 @@ class Drafter:
                 kv.append_slots(seq, needed)
             seq.draft_token_ids = offer[:length]
             room -= length
-            drafted = True
             self.stats.num_drafted_tokens += length
-        self.stats.num_draft_steps += drafted
 
     def accept(self, seq: Sequence, sampled: list[int]) -> list[int]:
         """The tokens a drafted row keeps: the draft's longest prefix equal to ``sampled``

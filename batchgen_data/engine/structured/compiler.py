@@ -58,12 +58,6 @@ class GrammarCompiler:
         self._tokenizer: Any = None
         self._cache: OrderedDict[str, Future[CompiledGrammar]] = OrderedDict()
         self._lock = threading.Lock()
-        self._view_lock = threading.Lock()
-
-    def _compile_pool(self) -> ThreadPoolExecutor:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batchgen-grammar")
-        return self._pool
 
     def submit(self, params: StructuredOutputsParams) -> Future[CompiledGrammar]:
         """The compiled grammar of ``params``: cached, or compiling in the background. A bad
@@ -74,7 +68,9 @@ class GrammarCompiler:
             if future is not None:
                 self._cache.move_to_end(key)
                 return future
-            future = self._compile_pool().submit(self._compile, params)
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batchgen-grammar")
+            future = self._pool.submit(self._compile, params)
             self._cache[key] = future
             if len(self._cache) > _CACHE_SIZE:
                 self._cache.popitem(last=False)
@@ -96,12 +92,11 @@ class GrammarCompiler:
             raise RequestError(f"invalid structured_outputs {params.kind}: {_one_line(matcher.get_error())}")
         return CompiledGrammar(matcher)
 
-    def _ll_tokenizer(self) -> Any:
-        with self._view_lock:
-            if self._tokenizer is None:
-                self._tokenizer = _tokenizer_view(self._hf or _load_hf(self.tokenizer_folder), self.vocab_size,
-                                                  self.eos_token_ids)
-            return self._tokenizer
+    def _ll_tokenizer(self) -> Any:  # on the (single) compile thread
+        if self._tokenizer is None:
+            self._tokenizer = _tokenizer_view(self._hf or _load_hf(self.tokenizer_folder), self.vocab_size,
+                                              self.eos_token_ids)
+        return self._tokenizer
 
 
 def _load_hf(folder: Path) -> Any:

@@ -196,7 +196,7 @@ class ModelRunner:
         padded area stays under ``_MAX_PADDING`` times the real one.
         """
         size = self.attention_batch_size
-        decoding = [q == 1 + len(seq.draft_token_ids) for seq, q in zip(out.seqs, out.query_lens)]
+        decoding = out.decoding
         decode = sorted((i for i, d in enumerate(decoding) if d), key=lambda i: out.seqs[i].num_computed_tokens)
         groups = [decode[k : k + size] for k in range(0, len(decode), size)]
         prefill = sorted((i for i, d in enumerate(decoding) if not d), key=lambda i: out.query_lens[i], reverse=True)
