@@ -185,10 +185,11 @@ ENGINE_ARGS: tuple[EngineArg, ...] = (
     EngineArg("gpu_memory_utilization", _M, "`memory_utilization`, in (0, 1]", "the share of device memory "
               "(GPU memory; RAM on CPU) for weights + KV: the KV pool is at most that share less the weights, and "
               "not grown past what the running set needs", _fraction("gpu_memory_utilization", "memory_utilization")),
-    EngineArg("speculative_config", _M, "`speculative_config`: method ngram or suffix, num_speculative_tokens, "
-              "prompt_lookup_max, prompt_lookup_min, suffix_decoding_*", "drafts change no token, greedy or seeded; "
-              "0..k draft tokens per row each step, from its acceptance and measured step times (mtp, eagle and "
-              "draft models are refused)", _same("speculative_config")),
+    EngineArg("speculative_config", _M, "`speculative_config`: method ngram, suffix or mtp, "
+              "num_speculative_tokens, prompt_lookup_max, prompt_lookup_min, suffix_decoding_*", "drafts change no "
+              "token, greedy or seeded; 0..k draft tokens per row each step, from its acceptance and measured step "
+              "times (mtp: the checkpoint's MTP layer; eagle and draft models are refused)",
+              _same("speculative_config")),
     # NO_OP: accepted, nothing to do here
     EngineArg("enforce_eager", _N, "-", "no CUDA graphs are captured; every step runs eagerly", _ignore),
     EngineArg("max_seq_len_to_capture", _N, "-", "no CUDA graphs are captured", _ignore),

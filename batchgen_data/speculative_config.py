@@ -6,15 +6,17 @@ from dataclasses import dataclass, fields
 
 from batchgen_data.errors import ConfigError
 
-# Methods built here (vLLM's "mtp", "eagle" and draft models are not).
-SPECULATIVE_METHODS = ("ngram", "suffix")
+# Methods built here (vLLM's "eagle" and draft models are not).
+SPECULATIVE_METHODS = ("ngram", "suffix", "mtp")
 
 
 @dataclass(frozen=True, slots=True)
 class SpeculativeConfig:
     """Args (vLLM's names):
         method: ``"ngram"``: prompt lookup over the row's own prompt and output; ``"suffix"``:
-            the job's finished outputs too (suffix decoding, ``proposers.SuffixProposer``).
+            the job's finished outputs too (suffix decoding, ``proposers.SuffixProposer``);
+            ``"mtp"``: the checkpoint's Multi-Token-Prediction layer (DeepSeek-V3, GLM-4.5:
+            ``num_nextn_predict_layers``; ``model/mtp.py``).
         num_speculative_tokens: the most tokens a row drafts in one step (the policy picks
             0..this per row per step).
         prompt_lookup_max, prompt_lookup_min: the longest and shortest suffix n-gram looked up

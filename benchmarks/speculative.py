@@ -1,7 +1,7 @@
 """Speculative decoding on a skewed batch job: on against off, in one run, same workload.
 
     BATCHGEN_DATA_CACHE=$PWD/.cache/batchgen-data .venv/bin/python benchmarks/speculative.py            # ~4 min
-    BATCHGEN_DATA_CACHE=$PWD/.cache/batchgen-data .venv/bin/python benchmarks/speculative.py --arch deepseek_v3
+    BATCHGEN_DATA_CACHE=$PWD/.cache/batchgen-data .venv/bin/python benchmarks/speculative.py --arch deepseek_v3 --mtp
 
 The throughput benchmark's workload (``benchmarks/workload.py``: lognormal prompts, output
 lengths with P99 = 3.8 x P95, max = 9 x P95, greedy, ``ignore_eos``) on its model, run with:
@@ -14,7 +14,11 @@ lengths with P99 = 3.8 x P95, max = 9 x P95, greedy, ``ignore_eos``) on its mode
     speculation that fails: the policy should turn it off);
   * ``ngram``: prompt lookup (vLLM's ``ngram``), under the policy;
   * ``suffix``: suffix decoding over the job's finished outputs and the row (vLLM's ``suffix``),
-    under the policy.
+    under the policy;
+  * with ``--mtp`` (DeepSeek-V3): the same weights plus a random MTP layer, in an engine of its
+    own: ``mtp catch-up only`` (the layer keeps its KV, nothing is drafted: its cost), ``mtp``
+    (under the policy) and ``mtp-k<k>`` (k drafts every step). A random layer's drafts are
+    almost never right: these runs measure the cost, not the gain, of MTP drafting.
 Reported per run: wall time, output tok/s, the tail (every step from the one where the running
 set first falls to 7 or fewer with nothing queued), its steps and tokens per step, drafted and
 accepted tokens; every run's tokens are checked equal to ``off``'s. The demo-style random-weight
@@ -39,16 +43,17 @@ from batchgen_data import Engine, EngineConfig, SamplingParams  # noqa: E402
 from batchgen_data.engine.spec.proposers import SuffixProposer, TableProposer  # noqa: E402
 from batchgen_data.hardware import cpu_model  # noqa: E402
 from batchgen_data.model import ModelConfig  # noqa: E402
-from benchmarks.workload import BENCH_MODELS, build_bench_model, make_workload  # noqa: E402
+from benchmarks.workload import BENCH_MODELS, build_bench_model, build_bench_mtp_model, make_workload  # noqa: E402
 
 TAIL_RUNNING = 7
 
 
-def run(engine: Engine, workload, name: str, proposer=None, fixed: int | None = None) -> dict:
+def run(engine: Engine, workload, name: str, proposer=None, fixed: int | None = None,
+        enabled: bool | None = None) -> dict:
     drafter = engine.executor.scheduler.drafter
     drafter.proposer = proposer if proposer is not None else drafter.default_proposer
     drafter.fixed_length = fixed
-    drafter.enabled = not name.startswith("off")
+    drafter.enabled = not name.startswith("off") if enabled is None else enabled
     drafter.reset_stats()
     params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in workload.output_lens]
     engine.timeline.clear()
@@ -81,6 +86,9 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     parser.add_argument("--out", type=Path, default=Path("docs/results"))
+    parser.add_argument("--mtp", action="store_true",
+                        help="also the model with a random MTP layer (deepseek_v3): its catch-up alone, "
+                             "under the policy, and drafting k every step")
     args = parser.parse_args()
     torch.manual_seed(0)
     cache = Path(os.environ.get("BATCHGEN_DATA_CACHE", Path.home() / ".cache" / "batchgen-data"))
@@ -101,6 +109,8 @@ def main() -> None:
     results.append(run(engine, workload, "never-right", TableProposer(table, vocab, wrong=True)))
     results.append(run(engine, workload, "ngram"))
     results.append(run(engine, workload, "suffix", SuffixProposer()))
+    if args.mtp:
+        results += _mtp_runs(args, cache, workload)
     results.append(run(engine, workload, "off (again)"))
     engine.close()
     base = results[0]
@@ -125,6 +135,19 @@ def main() -> None:
     runs = ",\n".join("  " + json.dumps(r) for r in results)  # a run (with its step timeline) per line
     (args.out / f"{stem}.json").write_text(f'{head[:-2]},\n "runs": [\n{runs}\n ]\n}}\n')
     _plot(results, args.out / f"{stem}.png")
+
+
+def _mtp_runs(args, cache: Path, workload) -> list[dict]:
+    """The same model with a random MTP layer (``build_bench_mtp_model``; its own engine, warmed
+    up first): the layer's catch-up alone (drafting off), under the policy, and k every step."""
+    folder = build_bench_mtp_model(cache / f"{BENCH_MODELS[args.arch][0]}-mtp", args.arch)
+    engine = Engine(folder, EngineConfig(max_num_seqs=args.max_num_seqs, collect_timeline=True, speculative_config={
+        "method": "mtp", "num_speculative_tokens": args.k}))
+    run(engine, workload, "mtp (warm-up)", enabled=False)
+    results = [run(engine, workload, "mtp catch-up only", enabled=False), run(engine, workload, "mtp"),
+               run(engine, workload, f"mtp-k{args.k}", fixed=args.k)]
+    engine.close()
+    return results
 
 
 def _plot(results: list[dict], path: Path) -> None:

@@ -152,3 +152,50 @@ def build_bench_model(folder: Path, seed: int = 0, arch: str = "mixtral"):
     return model
 
 
+def add_mtp_layer(folder: Path, longer, std: float = 0.02) -> dict:
+    """Make the checkpoint in ``folder`` (N layers) one with a Multi-Token-Prediction layer, as
+    DeepSeek-V3 ships it: ``longer`` (a ``transformers`` model of the same family with N + 1
+    layers) gives layer N's decoder block; ``enorm``, ``hnorm``, ``eh_proj`` and
+    ``shared_head.norm`` are drawn here (norms near 1, ``eh_proj`` normal with ``std``), the copies
+    of the embedding and head the release format stores are added, and config.json gets
+    ``num_nextn_predict_layers: 1``. Returns the drawn MTP-only tensors by name."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    config = json.loads((folder / "config.json").read_text())
+    n, hidden = config["num_hidden_layers"], config["hidden_size"]
+    prefix = f"model.layers.{n}."
+    weights = load_file(str(folder / "model.safetensors"))
+    block = {name: t.detach().clone().contiguous() for name, t in longer.state_dict().items() if name.startswith(prefix)}
+    drawn = {
+        f"{prefix}enorm.weight": 1.0 + 0.1 * torch.randn(hidden),
+        f"{prefix}hnorm.weight": 1.0 + 0.1 * torch.randn(hidden),
+        f"{prefix}eh_proj.weight": std * torch.randn(hidden, 2 * hidden),
+        f"{prefix}shared_head.norm.weight": 1.0 + 0.1 * torch.randn(hidden),
+    }
+    head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])
+    copies = {f"{prefix}embed_tokens.weight": weights["model.embed_tokens.weight"].clone(),
+              f"{prefix}shared_head.head.weight": head.clone()}
+    save_file({**weights, **block, **drawn, **copies}, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config["num_nextn_predict_layers"] = 1
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return drawn
+
+
+def build_bench_mtp_model(folder: Path, arch: str = "deepseek_v3", seed: int = 0) -> Path:
+    """``build_bench_model(arch)`` with a random MTP layer (``add_mtp_layer``), saved once into
+    ``folder``: the same main weights as the benchmark model of that seed."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if (folder / "config.json").is_file():
+        return folder
+    build_bench_model(folder, seed, arch)
+    spec = dict(BENCH_MODELS[arch][1])
+    spec["num_hidden_layers"] += 1
+    torch.manual_seed(seed + 1)
+    longer = AutoModelForCausalLM.from_config(AutoConfig.for_model(spec.pop("model_type"), **spec), dtype=torch.float32)
+    add_mtp_layer(folder, longer)
+    return folder

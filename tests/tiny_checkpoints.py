@@ -205,3 +205,30 @@ def hf_greedy_continuations(model, prompts: list[list[int]], max_new_tokens: int
             out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False)
             refs.append(out[0, len(prompt) :].tolist())
     return refs
+
+
+def build_mtp_checkpoint(arch: str, folder: Path, seed: int = 0, std: float = 0.15):
+    """``build_checkpoint`` plus one Multi-Token-Prediction layer as DeepSeek-V3 ships it
+    (``benchmarks.workload.add_mtp_layer``), its decoder block drawn as ``build_checkpoint``
+    draws weights. Returns (the main ``transformers`` model, a ``transformers`` model of N + 1
+    layers whose last layer is the MTP block, the MTP-only tensors by name)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from benchmarks.workload import add_mtp_layer
+
+    main = build_checkpoint(arch, folder, seed, std)
+    n = main.config.num_hidden_layers
+    torch.manual_seed(seed + 1)
+    spec = {**_COMMON, **ARCHITECTURES[arch], "num_hidden_layers": n + 1}
+    model_type = spec.pop("model_type")
+    longer = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **spec), dtype=torch.float32).eval()
+    prefix = f"model.layers.{n}."
+    with torch.no_grad():
+        for name, param in longer.named_parameters():
+            if name.startswith(prefix):
+                is_norm = name.endswith("norm.weight") or "layernorm" in name
+                param.copy_(1.0 + 0.1 * torch.randn_like(param)) if is_norm else param.normal_(0.0, std)
+        for name, buffer in longer.named_buffers():
+            if name.startswith(prefix) and name.endswith("e_score_correction_bias"):
+                buffer.normal_(0.0, 0.1)
+    return main, longer, add_mtp_layer(folder, longer, std)

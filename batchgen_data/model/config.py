@@ -75,6 +75,9 @@ class ModelConfig:
     # ("softmax", "sigmoid" or "identity"; see ``families.read_classifier``).
     num_labels: int = 0
     classifier_activation: str = "softmax"
+    # Multi-Token-Prediction layers after the main ones (``model.layers.{num_hidden_layers}...``;
+    # DeepSeek-V3, GLM-4.5): a draft model for speculative decoding (``model/mtp.py``).
+    num_nextn_predict_layers: int = 0
     raw: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:

@@ -74,6 +74,7 @@ def _common(cfg: dict, num_experts_key: str) -> dict:
         eos_token_ids=eos_ids,
         bos_token_id=cfg.get("bos_token_id"),
         pad_token_id=cfg.get("pad_token_id"),
+        num_nextn_predict_layers=int(cfg.get("num_nextn_predict_layers") or 0),
         raw=cfg,
     )
 

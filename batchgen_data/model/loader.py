@@ -61,7 +61,23 @@ def dense_weight_bytes(reader: CheckpointReader, config: ModelConfig) -> int:
     element = reader.dtype.itemsize
     experts = tuple(f"{moe_prefix(reader, i)[0]}.experts." for i in range(config.num_hidden_layers)
                     if config.is_sparse_layer(i))
-    return sum(math.prod(reader.shape(n)) * element for n in reader.names() if not n.startswith(experts))
+    mtp = _mtp_prefixes(config)
+    return sum(math.prod(reader.shape(n)) * element for n in reader.names() if not n.startswith(experts + mtp))
+
+
+def mtp_weight_bytes(reader: CheckpointReader, config: ModelConfig) -> int:
+    """The first MTP layer's tensors (``model/mtp.py``; resident when loaded), in the engine's
+    dtype, but for the copies of the embedding and head it shares with the main model."""
+    first = _mtp_prefixes(config)[:1]
+    shared = tuple(f"{p}{name}" for p in first for name in ("embed_tokens.", "shared_head.head."))
+    return sum(math.prod(reader.shape(n)) * reader.dtype.itemsize for n in reader.names()
+               if n.startswith(first) and not n.startswith(shared))
+
+
+def _mtp_prefixes(config: ModelConfig) -> tuple[str, ...]:
+    """The checkpoint's MTP layers (read only as a draft model, never as main layers)."""
+    n = config.num_hidden_layers
+    return tuple(f"model.layers.{i}." for i in range(n, n + config.num_nextn_predict_layers))
 
 
 def _streamed_store(reader: CheckpointReader, config: ModelConfig, budget: int, dense_bytes: int) -> StreamedExpertStore | None:
@@ -111,7 +127,7 @@ def load_layers(reader: CheckpointReader, config: ModelConfig, store: ExpertStor
                 input_norm=reader.get(f"{prefix}.input_layernorm.weight"),
                 attention=load_attention(reader, config, i),
                 post_attention_norm=reader.get(f"{prefix}.post_attention_layernorm.weight"),
-                ffn=_load_ffn(reader, config, i, store, expert_backend, expert_parallel_size),
+                ffn=load_ffn(reader, config, i, store, expert_backend, expert_parallel_size),
                 eps=config.rms_norm_eps,
             )
         )
@@ -130,7 +146,7 @@ def expert_activation(config: ModelConfig) -> ExpertActivation:
     return ClampedSwiGLU(alpha=config.swiglu_alpha, limit=config.swiglu_limit)
 
 
-def _load_ffn(reader: CheckpointReader, config: ModelConfig, layer_id: int, store: ExpertStore,
+def load_ffn(reader: CheckpointReader, config: ModelConfig, layer_id: int, store: ExpertStore,
               expert_backend: str, expert_parallel_size: int) -> MoEBlock | GatedMLP:
     if not config.is_sparse_layer(layer_id):
         return read_mlp(reader, f"model.layers.{layer_id}.mlp")

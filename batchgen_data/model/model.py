@@ -23,8 +23,9 @@ from batchgen_data.model.config import ModelConfig
 from batchgen_data.model.decoder import DecoderLayer, MoEBlock
 from batchgen_data.model.kv_cache import KVCache
 from batchgen_data.model.layers import GatedMLP, SharedExpert, linear, rms_norm
-from batchgen_data.model.loader import dense_weight_bytes, load_expert_store, load_layers
+from batchgen_data.model.loader import dense_weight_bytes, load_expert_store, load_layers, mtp_weight_bytes
 from batchgen_data.model.moe.store import ExpertShard, ExpertStore
+from batchgen_data.model.mtp import MTPLayer, load_mtp
 from batchgen_data.model.rope import RotaryEmbedding
 
 
@@ -33,7 +34,7 @@ class MoEModel:
 
     def __init__(self, config: ModelConfig, embed_tokens, layers: list[DecoderLayer], norm, lm_head,
                  device, dtype, expert_store: ExpertStore | None = None, dense_weight_bytes: int = 0,
-                 score=None):
+                 score=None, mtp: MTPLayer | None = None):
         self.config = config
         self.embed_tokens = embed_tokens  # [V, H]
         self.layers = layers
@@ -44,6 +45,9 @@ class MoEModel:
         self.expert_store = expert_store
         self.dense_weight_bytes = dense_weight_bytes  # every weight but the routed experts
         self.rotary = RotaryEmbedding(config.rope, config.rotary_dim, device)
+        # The checkpoint's Multi-Token-Prediction layer, loaded as a draft model (its KV is the
+        # cache's last layer), or None.
+        self.mtp = mtp
 
     @classmethod
     def from_pretrained(
@@ -54,11 +58,13 @@ class MoEModel:
         expert_backend: str = "native",
         expert_shard: ExpertShard | None = None,
         weight_memory_bytes: int | None = None,
+        with_mtp: bool = False,
     ) -> MoEModel:
         """Load a checkpoint folder; with ``expert_shard`` (an expert-parallel rank, inside its
         initialised process group) only that rank's experts are read; with
         ``weight_memory_bytes``, the routed experts stream from the checkpoint through a pool of
-        what the budget leaves beside the other weights (``StreamedExpertStore``)."""
+        what the budget leaves beside the other weights (``StreamedExpertStore``); ``with_mtp``
+        loads the checkpoint's MTP layer too (``model/mtp.py``)."""
         config = ModelConfig.from_pretrained(folder)
         reader = CheckpointReader(folder, dtype, device, config.fp8_block_size)
         dense_bytes = dense_weight_bytes(reader, config)
@@ -71,13 +77,17 @@ class MoEModel:
         else:
             lm_head = reader.get("lm_head.weight")
         score = _read_score(reader, config)
+        mtp = load_mtp(reader, config, embed, lm_head) if with_mtp else None
+        if mtp is not None:
+            dense_bytes += mtp_weight_bytes(reader, config)
         return cls(config, embed, layers, reader.get("model.norm.weight"), lm_head, device, dtype, store, dense_bytes,
-                   score)
+                   score, mtp)
 
     @property
     def kv_specs(self) -> list[KVSpec]:
-        """What each layer stores per token in the KV cache."""
-        return [layer.attention.kv_spec for layer in self.layers]
+        """What each layer stores per token in the KV cache (the MTP layer's last, if loaded)."""
+        specs = [layer.attention.kv_spec for layer in self.layers]
+        return specs + [self.mtp.kv_spec] if self.mtp is not None else specs
 
     def gemm_weights(self, max_batched_tokens: int, max_sampled_rows: int) -> tuple[dict, dict]:
         """The weights ``linear`` multiplies, by (N, K) shape in model order, and the most rows
@@ -169,22 +179,26 @@ class MoEModel:
         logits = linear(self.final_norm(hidden), self.lm_head)  # [N, V]
         return logits.float().contiguous()  # row-major: the sampler reduces along V
 
+    def attention_batch(self, attention: AttentionMetadata | list[AttentionMetadata]) -> AttentionBatch:
+        """The micro-batches' metadata combined, with the RoPE tables of their positions."""
+        return AttentionBatch.combine(attention if isinstance(attention, list) else [attention], self.rotary,
+                                      self.dtype)
+
     def forward(
         self,
         input_ids: torch.Tensor,  # [T]
-        attention: AttentionMetadata | list[AttentionMetadata],
+        attention: AttentionMetadata | list[AttentionMetadata] | AttentionBatch,
         kv_cache: KVCache,
         trace: ForwardTrace | None = None,
     ) -> torch.Tensor:
         """Run all layers on one flat batch; returns the final hidden states [T, H] (pre-norm).
 
         ``attention`` is the batch's metadata, or one per attention micro-batch (their tokens
-        in order in ``input_ids``): every layer runs attention per micro-batch and the router
-        and experts once on the combined batch. ``trace`` collects per-module time and expert
-        calls.
+        in order in ``input_ids``), or those combined (``attention_batch``): every layer runs
+        attention per micro-batch and the router and experts once on the combined batch.
+        ``trace`` collects per-module time and expert calls.
         """
-        metas = attention if isinstance(attention, list) else [attention]
-        batch = AttentionBatch.combine(metas, self.rotary, self.dtype)
+        batch = attention if isinstance(attention, AttentionBatch) else self.attention_batch(attention)
         h = self.embed(input_ids)  # [T, H]
         for layer_id, layer in enumerate(self.layers):
             t0 = time.perf_counter()

@@ -258,7 +258,7 @@ def test_the_policy_drafts_where_it_pays_and_stops_where_it_fails():
 def test_speculative_config_is_checked():
     assert EngineConfig(speculative_config=SPEC).speculative_config.num_speculative_tokens == 4
     assert EngineConfig(speculative_config={"method": "suffix"}).speculative_config.suffix_decoding_max_tree_depth == 8
-    for bad in ({"method": "eagle"}, {"method": "mtp"}, {"method": "ngram", "num_speculative_tokens": 0},
+    for bad in ({"method": "eagle"}, {"method": "ngram", "num_speculative_tokens": 0},
                 {"method": "suffix", "suffix_decoding_min_token_prob": 2},
                 {"method": "ngram", "prompt_lookup_min": 3, "prompt_lookup_max": 2}, {"num_speculative_tokens": 2},
                 {"method": "ngram", "draft_model": "x"}, "ngram"):

@@ -33,6 +33,8 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[int, tuple[int, list[Any]]] = field(default_factory=dict)
     host_kv: dict[int, torch.Tensor] = field(default_factory=dict)
     pooled_data: dict[int, list[float]] = field(default_factory=dict)
+    # Speculative decoding with an MTP layer: each row's drafts for its next step, by request id.
+    draft_token_ids: dict[int, list[int]] = field(default_factory=dict)
 
     @property
     def num_sampled(self) -> int:

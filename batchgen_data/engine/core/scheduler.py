@@ -157,6 +157,8 @@ class Scheduler(MigrateMethods):
                               finished=finished)
         if self.grammars.structured is not None:
             out.grammar_rows, out.grammar_bitmask = self.grammars.bitmask(out.sampling_seqs)
+        if self.drafter is not None:
+            out.num_mtp_drafts = self.drafter.lookahead(len(self.running))
         return out
 
     def _poll_grammars(self) -> list[Sequence]:
@@ -304,6 +306,9 @@ class Scheduler(MigrateMethods):
                 finished.append(seq)
                 continue
             self._append(seq, next(tokens), next(logprobs, None), now_s, finished)
+        for seq in out.seqs:  # an MTP layer's drafts for the rows' next step
+            draft = result.draft_token_ids.get(seq.request_id)
+            seq.mtp_draft = (seq.num_tokens, draft) if draft and seq.status is S.RUNNING else None
         return finished
 
     def _append(self, seq: Sequence, token: int, token_logprobs, now_s: float, finished: list[Sequence]) -> bool:

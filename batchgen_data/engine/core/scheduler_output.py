@@ -33,6 +33,9 @@ class SchedulerOutput:
     grammar_bitmask: Any = None
     # Taken out while scheduling (a grammar that failed): they finish as errors in ``update``.
     finished: list[Sequence] = field(default_factory=list)
+    # Speculative decoding with an MTP layer: the most draft tokens the runner makes for each
+    # sampling row's next step (0: the layer only keeps its KV up to date).
+    num_mtp_drafts: int = 0
 
     @property
     def num_tokens(self) -> int:

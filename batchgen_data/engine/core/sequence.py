@@ -123,6 +123,9 @@ class Sequence:
     draft_token_ids: list[int] = field(default_factory=list)
     draft_acceptance: Any = None
     draft_index: Any = None  # the n-gram proposers' index of its tokens (``NgramIndex``)
+    # The MTP layer's drafts for the next step, made by the runner in this one: (the row's
+    # token count they follow, the tokens), or None.
+    mtp_draft: tuple[int, list[int]] | None = None
 
     @classmethod
     def from_state(cls, state: SequenceState, request_id: int, now_s: float) -> Sequence:
@@ -203,6 +206,7 @@ class Sequence:
         self.host_kv = None
         self.structured = None
         self.draft_index = None
+        self.mtp_draft = None
 
     def export_state(self, kv: torch.Tensor | None = None) -> SequenceState:
         return SequenceState(

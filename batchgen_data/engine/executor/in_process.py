@@ -79,7 +79,8 @@ class InProcessExecutor:
         dtype = config.resolve_dtype(device)
         self.model = MoEModel.from_pretrained(model_path, dtype, device, config.expert_backend,
                                               expert_shard=expert_shard,
-                                              weight_memory_bytes=config.weight_memory_bytes)
+                                              weight_memory_bytes=config.weight_memory_bytes,
+                                              with_mtp=_uses_mtp(config))
         _tune_gemms(self.model, config)
         _use_native_kernels(self.model)
         block_bytes = KVCache.bytes_per_block(self.model.kv_specs, config.block_size)
@@ -235,6 +236,11 @@ class InProcessExecutor:
         """Stop a streamed expert store's fetch thread and the grammar compile thread."""
         self.structured.close()
         self.model.close()
+
+
+def _uses_mtp(config: EngineConfig) -> bool:
+    """Speculative decoding drafts with the checkpoint's MTP layer (loaded beside the model)."""
+    return config.speculative_config is not None and config.speculative_config.method == "mtp"
 
 
 def _tune_gemms(model: MoEModel, config: EngineConfig) -> None:

@@ -36,7 +36,7 @@ from batchgen_data.engine.spec.policy import (
     choose_draft_lengths,
     may_pay,
 )
-from batchgen_data.engine.spec.proposers import NgramProposer, Proposer, SuffixProposer
+from batchgen_data.engine.spec.proposers import MTPProposer, NgramProposer, Proposer, SuffixProposer
 
 if TYPE_CHECKING:
     from batchgen_data.engine.core.grammar_gate import GrammarGate
@@ -120,6 +120,15 @@ class Drafter:
             room -= length
             self.stats.num_drafted_tokens += length
 
+    def lookahead(self, num_running: int) -> int:
+        """With an MTP layer: how many tokens the runner drafts for each row's next step, made
+        in this one (0 where no draft could pay at this running set's size)."""
+        if self.config.method != "mtp" or not self.enabled or not num_running:
+            return 0
+        if self.fixed_length is not None:
+            return self.fixed_length
+        return self.config.num_speculative_tokens if may_pay(self.costs, num_running) else 0
+
     def accept(self, seq: Sequence, sampled: list[int]) -> list[int]:
         """The tokens a drafted row keeps: the draft's longest prefix equal to ``sampled``
         (the tokens sampled at its k + 1 positions), then the sampled token after it."""
@@ -148,6 +157,8 @@ class Drafter:
 
 
 def make_proposer(config: SpeculativeConfig) -> Proposer:
+    if config.method == "mtp":
+        return MTPProposer()
     if config.method == "suffix":
         return SuffixProposer(config.suffix_decoding_max_tree_depth, config.suffix_decoding_max_cached_requests,
                               config.suffix_decoding_min_token_prob, config.prompt_lookup_min,

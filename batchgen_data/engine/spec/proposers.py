@@ -159,3 +159,15 @@ class SuffixProposer:
             for depth in range(1, min(end, self.max_depth) + 1):
                 counts = self._next.setdefault(hash(tuple(output[end - depth:end])), {})
                 counts[following] = counts.get(following, 0) + 1
+
+
+class MTPProposer:
+    """The checkpoint's Multi-Token-Prediction layer: the drafts the runner made for the row in
+    the step before (``engine/worker/mtp_drafts.py``), if its tokens are still the ones they
+    follow."""
+
+    def propose(self, seq: Sequence, k: int) -> list[int]:
+        made = seq.mtp_draft
+        if made is None or made[0] != seq.num_tokens:
+            return []
+        return made[1][:k]

@@ -23,6 +23,7 @@ import torch
 
 from batchgen_data.engine.sample.logprob_capture import token_logprobs
 from batchgen_data.engine.sample.processors import ProcessorRows
+from batchgen_data.engine.worker.mtp_drafts import DraftRow, catch_up_and_draft
 from batchgen_data.engine.worker.pooler import pool
 from batchgen_data.engine.core.runner_output import ModelRunnerOutput
 from batchgen_data.engine.sample.sampler import Sampler, SamplingBatch
@@ -97,11 +98,12 @@ class ModelRunner:
                 self.stats.num_idle_forwards += 1
             return result
         device = self.model.device
-        input_ids, metas, sample_rows, pool_rows, prompt_rows = [], [], [], [], []
+        input_ids, metas, sample_rows, pool_rows, prompt_rows, spans = [], [], [], [], [], []
         for group in self._micro_batches(out):
             seqs = [out.seqs[i] for i in group]
             qlens = [out.query_lens[i] for i in group]
             for i, seq, qlen in zip(group, seqs, qlens):
+                spans.append((i, len(input_ids), qlen))
                 if seq.wants_prompt_logprobs:
                     prompt_rows += _prompt_logprob_rows(seq, qlen, len(input_ids))
                 input_ids += seq.token_ids_range(seq.num_computed_tokens, seq.num_computed_tokens + qlen)
@@ -118,7 +120,8 @@ class ModelRunner:
         ids = torch.tensor(input_ids, dtype=torch.long, device=device)
         t0 = time.perf_counter()
         trace = ForwardTrace()
-        hidden = self.model.forward(ids, metas, self.kv, trace)
+        attention = self.model.attention_batch(metas)
+        hidden = self.model.forward(ids, attention, self.kv, trace)
         self._record(trace)
         t_logits = time.perf_counter()
         if last_rows:
@@ -138,12 +141,44 @@ class ModelRunner:
             result.pooled_data = {s.request_id: data for s, data in zip(pooling, pooled)}
         if prompt_rows:
             result.prompt_logprobs = self._prompt_logprobs(hidden, prompt_rows)
+        if self.model.mtp is not None:
+            result.draft_token_ids = self._mtp_step(out, attention, hidden, input_ids, spans, last_rows,
+                                                    result.sampled_token_ids)
         t_end = time.perf_counter()
         self.stats.last_module_s["logits"] = t_end - t_logits
         self.stats.kernel_s += t_end - t0
         self.stats.num_forwards += 1
         self.stats.num_tokens += len(input_ids)
         return result
+
+    def _mtp_step(self, out: SchedulerOutput, attention, hidden: torch.Tensor, input_ids: list[int],
+                  spans: list[tuple[int, int, int]], sampled_rows: list[int], sampled: list[int]) -> dict[int, list[int]]:
+        """The MTP layer's catch-up over this step's positions and the next step's drafts
+        (``mtp_drafts.py``): the token after each position is the next one given, or the one
+        sampled there."""
+        next_ids = input_ids[1:] + [0]
+        token_at = dict(zip(sampled_rows, sampled))
+        first_rows, rows = [], []
+        for i, base, qlen in sorted(spans, key=lambda span: span[1]):
+            seq, end = out.seqs[i], base + qlen - 1
+            start = seq.num_computed_tokens
+            if start == 0:
+                first_rows.append(base)
+            if end in token_at:  # it sampled: each sampled position's next token is its sample
+                drafted = len(seq.draft_token_ids)
+                kept = 0
+                while kept < drafted and token_at[end - drafted + kept] == seq.draft_token_ids[kept]:
+                    kept += 1
+                for row in range(end - drafted, end + 1):
+                    next_ids[row] = token_at[row]
+                if not seq.params.adjusts_logits:
+                    rows.append(DraftRow(seq.request_id, end - drafted + kept, start + qlen - 1 - drafted + kept,
+                                         seq.block_ids))
+            else:  # a prompt chunk that does not finish the prompt, or a pooled prompt
+                after = seq.token_ids_range(start + qlen, start + qlen + 1)
+                next_ids[end] = after[0] if after else 0
+        return catch_up_and_draft(self.model, self.kv, attention, hidden, next_ids, first_rows, rows,
+                                  out.num_mtp_drafts)
 
     def _prompt_logprobs(self, hidden: torch.Tensor, rows: list[tuple[int, int, int, int, int]]) -> dict:
         """``{request_id: (first prompt index, [TokenLogprobs...])}`` for the prompt positions of
