@@ -53,17 +53,22 @@ class MTPLayer:
         return self.block.attention.kv_spec
 
     def forward(self, next_ids: torch.Tensor, states: torch.Tensor, batch: AttentionBatch, kv: LayerKV,
-                first: torch.Tensor | None = None) -> torch.Tensor:
+                first: torch.Tensor | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
         """next_ids [T]: the token after each position; states [T, H]: the main model's output
         states there (or the layer's own output for a further draft); ``first`` [T] bool: the
-        positions 0, whose embedding is zeroed. Returns the layer's output y [T, H]."""
+        positions 0, whose embedding is zeroed. Every position's K/V is written; returns the
+        layer's output y at ``rows`` ([R, H]; all T when None): the FFN runs on those only, as
+        nothing else reads it."""
         e = torch.nn.functional.embedding(next_ids, self.embed_tokens)
         if first is not None and bool(first.any()):
             e = e.masked_fill(first[:, None], 0.0)
         x = torch.cat([rms_norm(e, self.enorm, self.eps), rms_norm(states, self.hnorm, self.eps)], dim=-1)
         h = linear(x, self.eh_proj)
         h = self.block.attention_block(h, batch, kv)
-        h, _ = self.block.ffn_block(h)
+        if rows is not None:
+            h = h[rows]
+        if h.shape[0]:
+            h, _ = self.block.ffn_block(h)
         return h
 
     def logits(self, y: torch.Tensor) -> torch.Tensor:

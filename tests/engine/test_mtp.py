@@ -198,3 +198,30 @@ def test_expert_parallel_ranks_draft_with_their_mtp_layer(mtp_checkpoint):
         engine.close()
     assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
     assert stats.num_draft_tokens > 0, "the ranks' MTP drafts were checked"
+
+
+def test_the_layer_drafts_only_what_the_policy_would_keep():
+    """The runner drafts (each token costs the layer and the head once more) only as far as the
+    policy would keep a draft next step: k for rows whose drafts hold, nothing for rows whose
+    drafts fail or for a large running set, 1 token when a probe is due."""
+    from types import SimpleNamespace
+
+    from batchgen_data.engine.spec.drafter import Drafter
+    from batchgen_data.engine.spec.policy import PROBE_EVERY, RowAcceptance
+    from batchgen_data.speculative_config import SpeculativeConfig
+
+    drafter = Drafter(SpeculativeConfig(**MTP), max_model_len=256)
+    for q in range(1, 65):  # a memory-bound step at few tokens, compute-bound at many
+        drafter.observe(q, 0.002 + 0.0006 * q)
+
+    def rows(n, accepted, rejected):
+        return [SimpleNamespace(draft_acceptance=RowAcceptance(accepted=accepted, rejected=rejected)) for _ in range(n)]
+
+    assert drafter.lookahead(rows(2, 9, 1)) == 3
+    assert drafter.lookahead(rows(48, 9, 1)) == 0
+    drafter.job_acceptance = RowAcceptance(accepted=0, rejected=40)
+    assert drafter.lookahead(rows(2, 0, 8)) == 0
+    drafter._steps_since_probe = PROBE_EVERY - 1
+    assert drafter.lookahead(rows(2, 0, 8)) == 1
+    drafter.enabled = False
+    assert drafter.lookahead(rows(2, 9, 1)) == 0

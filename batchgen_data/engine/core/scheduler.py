@@ -158,7 +158,7 @@ class Scheduler(MigrateMethods):
         if self.grammars.structured is not None:
             out.grammar_rows, out.grammar_bitmask = self.grammars.bitmask(out.sampling_seqs)
         if self.drafter is not None:
-            out.num_mtp_drafts = self.drafter.lookahead(len(self.running))
+            out.num_mtp_drafts = self.drafter.lookahead(self.running)
         return out
 
     def _poll_grammars(self) -> list[Sequence]:

@@ -35,6 +35,7 @@ from batchgen_data.engine.spec.policy import (
     StepCosts,
     choose_draft_lengths,
     may_pay,
+    paying_lengths,
 )
 from batchgen_data.engine.spec.proposers import MTPProposer, NgramProposer, Proposer, SuffixProposer
 
@@ -120,14 +121,22 @@ class Drafter:
             room -= length
             self.stats.num_drafted_tokens += length
 
-    def lookahead(self, num_running: int) -> int:
-        """With an MTP layer: how many tokens the runner drafts for each row's next step, made
-        in this one (0 where no draft could pay at this running set's size)."""
-        if self.config.method != "mtp" or not self.enabled or not num_running:
+    def lookahead(self, running: list[Sequence]) -> int:
+        """With an MTP layer: how many tokens the runner drafts, in this step, for each row's
+        next one: the longest draft the policy would keep for a row at today's acceptance
+        (``paying_lengths``), at least 1 when a probe is due; 0 where no draft could pay at this
+        running set's size. Each draft token costs the layer and its head once more."""
+        if self.config.method != "mtp" or not self.enabled or not running:
             return 0
         if self.fixed_length is not None:
             return self.fixed_length
-        return self.config.num_speculative_tokens if may_pay(self.costs, num_running) else 0
+        if not may_pay(self.costs, len(running)):
+            return 0
+        prior = self.job_acceptance.p
+        p = [prior if seq.draft_acceptance is None else seq.draft_acceptance.p_with(prior) for seq in running]
+        k = self.config.num_speculative_tokens
+        lengths, _, _ = paying_lengths(p, [k] * len(running), self.costs, k)
+        return max(lengths + [1 if self._steps_since_probe + 1 >= PROBE_EVERY else 0])
 
     def accept(self, seq: Sequence, sampled: list[int]) -> list[int]:
         """The tokens a drafted row keeps: the draft's longest prefix equal to ``sampled``

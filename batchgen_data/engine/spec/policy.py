@@ -106,15 +106,13 @@ class StepCosts:
         return mean_t - slope * mean_q, slope
 
 
-def choose_draft_lengths(acceptance: list[RowAcceptance], available: list[int], costs: StepCosts,
-                         k_max: int, prior: float = 0.5, may_probe: bool = True) -> list[int]:
-    """Draft tokens per row (``available[i]``: the most row i may draft; ``prior``: the job's
-    acceptance, each row's prior; ``may_probe``: this step may probe one idle row)."""
-    n = len(acceptance)
+def paying_lengths(p: list[float], available: list[int], costs: StepCosts, k_max: int
+                   ) -> tuple[list[int], int, float]:
+    """The draft lengths that raise expected tokens per second (module NOTE), for rows whose
+    draft tokens are each accepted with probability ``p[i]``; also the step's query tokens and
+    expected tokens with them. Reads nothing but its arguments (``costs.cost(len(p))`` is set)."""
+    n = len(p)
     lengths = [0] * n
-    if n == 0 or costs.cost(n) is None:
-        return lengths
-    p = [a.p_with(prior) for a in acceptance]
     q, expected = n, float(n)
     yield_next = list(p)  # the expected tokens one more draft token adds
     while True:
@@ -130,6 +128,17 @@ def choose_draft_lengths(acceptance: list[RowAcceptance], available: list[int], 
         q += 1
         expected += gain
         yield_next[best] *= p[best]
+    return lengths, q, expected
+
+
+def choose_draft_lengths(acceptance: list[RowAcceptance], available: list[int], costs: StepCosts,
+                         k_max: int, prior: float = 0.5, may_probe: bool = True) -> list[int]:
+    """Draft tokens per row (``available[i]``: the most row i may draft; ``prior``: the job's
+    acceptance, each row's prior; ``may_probe``: this step may probe one idle row)."""
+    n = len(acceptance)
+    if n == 0 or costs.cost(n) is None:
+        return [0] * n
+    lengths, q, expected = paying_lengths([a.p_with(prior) for a in acceptance], available, costs, k_max)
     # One row that has not drafted for ``PROBE_EVERY`` of its steps is probed with one token
     # (at most once in ``PROBE_EVERY`` steps of the job: the drafter says when), where a draft
     # at even odds would pay at this step's size: a proposer that failed may have started to

@@ -2,11 +2,12 @@
 step's tokens.
 
 NOTE: after the main forward and sampling, over the same positions and attention metadata:
-  catch up  the MTP layer runs on every position of the step with (the main model's output
-            state there, the token after it): the prompt's next token, the token sampled at
-            that position, or for a drafted row the token sampled at each of its positions
-            (equal to the draft where it was accepted). Its K/V lands in the cache's last layer
-            at the same slots; a rejected position's is overwritten later, as the main model's.
+  catch up  the MTP layer's attention runs on every position of the step with (the main
+            model's output state there, the token after it): the prompt's next token, the token
+            sampled at that position, or for a drafted row the token sampled at each of its
+            positions (equal to the draft where it was accepted). Its K/V lands in the cache's
+            last layer at the same slots; a rejected position's is overwritten later, as the
+            main model's. Its FFN runs only at the positions that draft (nothing else reads it).
   draft     for each row that sampled, the layer's logits at its last accepted position give
             d_1; d_j (j >= 2) runs the layer one position further on (its own output before,
             embed(d_{j-1})), as long as the row's blocks hold that position's slot: positions
@@ -49,10 +50,13 @@ def catch_up_and_draft(model: MoEModel, kv: KVCache, batch: AttentionBatch, hidd
     if first_rows:
         first = torch.zeros(hidden.shape[0], dtype=torch.bool, device=device)
         first[torch.tensor(first_rows, device=device)] = True
-    y = mtp.forward(torch.tensor(next_ids, dtype=torch.long, device=device), states, batch, layer_kv, first)
-    if num_drafts <= 0 or not rows:
+    if num_drafts <= 0:
+        rows = []
+    index = torch.tensor([r.hidden_row for r in rows], dtype=torch.long, device=device)
+    y = mtp.forward(torch.tensor(next_ids, dtype=torch.long, device=device), states, batch, layer_kv, first,
+                    rows=index)  # [R, H]: every position's K/V written, the output only where it drafts
+    if not rows:
         return {}
-    y = y[torch.tensor([r.hidden_row for r in rows], device=device)]  # [R, H]
     tokens = mtp.logits(y).argmax(dim=-1)  # [R]
     drafts = {r.request_id: [t] for r, t in zip(rows, tokens.tolist())}
     positions = [r.position for r in rows]
