@@ -17,6 +17,8 @@ differ (the parity tests hold tokens to transformers').
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from batchgen_data.model.attention.gqa import GQAAttention
@@ -54,10 +56,26 @@ def fused_attention_block(layer, h: torch.Tensor, batch: AttentionBatch, kv) -> 
 
 def fused_moe_block(layer, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``layer.ffn_block(h)`` for a MoE layer in one native call, or None where it does not apply."""
-    block = layer.ffn
-    if h.shape[0] > MAX_TOKENS or h.dtype != torch.float32 or not h.is_cpu or block.shared_expert is not None:
+    if h.shape[0] > MAX_TOKENS or h.dtype != torch.float32 or not h.is_cpu:
         return None
-    router, experts = block.router, block.experts
+    weights = _plain_moe(layer)
+    native = active_native()
+    if weights is None or native is None:
+        return None
+    router = layer.ffn.router
+    return native.decode_layer.moe_block(h.contiguous(), layer.post_attention_norm, layer.eps, router.weight,
+                                         router.top_k, bool(router.config.norm_topk_prob), weights.w_gate_up,
+                                         weights.w_down, _identity(weights.w_gate_up.shape[0]))
+
+
+def _plain_moe(layer):
+    """The layer's resident expert weights (row e holding expert e) where its MoE block is one
+    the kernel implements, else None."""
+    block = layer.ffn
+    experts = getattr(block, "experts", None)  # a dense FFN has none
+    if experts is None or block.shared_expert is not None:
+        return None
+    router = block.router
     if router.config.kind != "softmax_topk" or router.bias is not None or router.weight.dtype != torch.float32:
         return None
     if not isinstance(experts, NativeExperts) or not isinstance(experts.activation, SwiGLU):
@@ -65,16 +83,92 @@ def fused_moe_block(layer, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     store = experts.store
     if store.capacity is not None:
         return None
-    native = active_native()
-    if native is None:
-        return None
     weights = store.weights(experts.layer_id, None)
     if (weights.row_of is not None or weights.b_gate_up is not None or weights.wait_row is not None
             or not weights.w_gate_up.is_contiguous() or not weights.w_down.is_contiguous()):
         return None  # only every expert resident, row e holding expert e
-    return native.decode_layer.moe_block(h.contiguous(), layer.post_attention_norm, layer.eps, router.weight,
-                                         router.top_k, bool(router.config.norm_topk_prob), weights.w_gate_up,
-                                         weights.w_down, _identity(weights.w_gate_up.shape[0]))
+    return weights
+
+
+@dataclass(slots=True)
+class ForwardPlan:
+    """Every layer's weights and KV pages as the address table ``decode_forward`` reads
+    (``kernels.h``), for one model and KV cache; built once."""
+
+    layer_ptrs: torch.Tensor  # [L, 12] int64
+    layer_dims: torch.Tensor  # [L, 9] int64
+    num_routed: int  # sum over layers of E: the counts output's length
+    head_dim: int
+    eps: float
+    scale: float
+    keep: list  # tensors the table points into that nothing else holds
+
+
+def fused_decode_forward(model, h: torch.Tensor, batch: AttentionBatch, kv_cache
+                         ) -> tuple[torch.Tensor, torch.Tensor, tuple[float, float]] | None:
+    """All of ``model``'s layers over the decoding tokens ``h`` [T, H] in one native call
+    (``decode_forward``): the step's Python work between layers (per layer two wrapper calls,
+    each paying cache misses after the weights streamed through) is gone. Returns the hidden
+    states, the routed tokens per (layer, expert) and the attention and MoE seconds; None where
+    a layer, the batch or the tensors are not what the kernels implement (the per-layer path
+    runs)."""
+    if h.shape[0] > MAX_TOKENS or h.dtype != torch.float32 or not h.is_cpu or len(batch.micro_batches) != 1:
+        return None
+    meta = batch.micro_batches[0]
+    native = active_native()
+    if meta.max_query_len != 1 or native is None:
+        return None
+    cached = model.fused_forward
+    if cached is None or cached[0] is not kv_cache:
+        cached = model.fused_forward = (kv_cache, _forward_plan(model, kv_cache))
+    plan = cached[1]
+    cos, sin = batch.cos_sin
+    if plan is None or cos.shape[-1] != plan.head_dim:
+        return None
+    h = h.contiguous()
+    k_cache = kv_cache.layers[0][0]
+    counts = torch.empty(plan.num_routed, dtype=torch.int64)
+    seconds = torch.empty(2, dtype=torch.float64)
+    if not native.library.decode_forward(
+            h.data_ptr(), h.shape[0], h.shape[1], plan.layer_ptrs.shape[0], plan.layer_ptrs.data_ptr(),
+            plan.layer_dims.data_ptr(), plan.eps, cos.contiguous().data_ptr(), sin.contiguous().data_ptr(),
+            batch.slot_mapping.data_ptr(), k_cache.shape[0], k_cache.shape[1], meta.block_table.data_ptr(),
+            meta.context_lens.data_ptr(), meta.block_table.shape[1], plan.scale, counts.data_ptr(), seconds.data_ptr()):
+        raise ValueError("decode_forward: a KV slot, page or block out of range, or a routed expert not held")
+    attention_s, moe_s = seconds.tolist()
+    return h, counts, (attention_s, moe_s)
+
+
+def _forward_plan(model, kv_cache) -> ForwardPlan | None:
+    ptrs, dims, keep = [], [], []
+    head_dims, eps, scales = set(), set(), set()
+    for layer, pages in zip(model.layers, kv_cache.layers):
+        attention, weights = layer.attention, _plain_moe(layer)
+        if not _plain_gqa(attention) or weights is None or len(pages) != 2:
+            return None
+        k_cache, v_cache = pages
+        if any(t.dtype != torch.float32 or not t.is_cpu or not t.is_contiguous()
+               for t in (k_cache, v_cache, layer.input_norm, layer.post_attention_norm, layer.ffn.router.weight)):
+            return None
+        router = layer.ffn.router
+        row_of = _identity(weights.w_gate_up.shape[0])
+        keep.append(row_of)
+        ptrs.append([layer.input_norm.data_ptr(), attention.w_qkv.data_ptr(), _address(attention.q_norm),
+                     _address(attention.k_norm), k_cache.data_ptr(), v_cache.data_ptr(), attention.w_o.data_ptr(),
+                     layer.post_attention_norm.data_ptr(), router.weight.data_ptr(), weights.w_gate_up.data_ptr(),
+                     weights.w_down.data_ptr(), row_of.data_ptr()])
+        dims.append([attention.num_heads, attention.num_kv_heads, attention.head_dim, attention.sliding_window or 0,
+                     router.weight.shape[0], router.top_k, int(bool(router.config.norm_topk_prob)),
+                     weights.w_down.shape[2], weights.w_gate_up.shape[0]])
+        head_dims.add(attention.head_dim), eps.update((attention.eps, layer.eps)), scales.add(attention.scale)
+    if not ptrs or len(head_dims) != 1 or len(eps) != 1 or len(scales) != 1:
+        return None
+    return ForwardPlan(torch.tensor(ptrs, dtype=torch.int64), torch.tensor(dims, dtype=torch.int64),
+                       sum(d[4] for d in dims), head_dims.pop(), eps.pop(), scales.pop(), keep)
+
+
+def _address(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.data_ptr()
 
 
 def _plain_gqa(attention) -> bool:

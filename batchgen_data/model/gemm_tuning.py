@@ -9,8 +9,8 @@ guessing (as cuBLASLt heuristics or inductor's autotuning do on GPUs).
 NOTE: the measurement. For each row bucket (1, 2-3, 4-7, ... rows) and each kernel, one pass runs
 the kernel over the model's weights of every shape that bucket concerns, timing the calls. With
 few rows a GEMM is bound by reading its weight from memory, so the pass streams 64 MiB of each
-shape's weights as a decode step does (a hot-cache microbenchmark of one weight can favour a
-kernel that is slower in place); with many rows it is compute bound and one weight per shape
+shape's weights as a decode step does, copying a shape's weights where the model has fewer (a
+hot-cache microbenchmark of one weight can favour a kernel that is slower in place); with many rows it is compute bound and one weight per shape
 suffices. The best of three passes counts, and each call's output is made row-major as its
 consumers need. The plan is cached per machine, torch version, thread count and shape set, so a
 process tunes once (~2-4 s for a 200 M-parameter model) and later ones load it. A plan records
@@ -73,6 +73,8 @@ KERNEL_MAX_ROWS = {"skinny": 32}
 NUM_BUCKETS = 11  # up to 1024+ rows; larger row counts use the last bucket's choice
 _MEMORY_BOUND_ROWS = 32  # up to here a pass streams weights of a shape, above it takes one
 _STREAM_BYTES = 64 * 2**20  # weights streamed per shape and pass: more than a CPU's L2 and L3 slice
+_MAX_STREAMED = 16  # calls per shape and pass at most (copies of a small weight included)
+_TUNER_VERSION = 2  # in the plan cache key: plans measured by an older tuner are measured again
 _MAX_MEASURED_ROWS = 1024
 # Load per CPU (1-minute average) above which a tuning counts as done under load, and at or
 # below which a process tunes such a plan again (``load_or_tune``).
@@ -143,7 +145,7 @@ def tune(weights: dict[Shape, list[torch.Tensor]], max_rows: dict[Shape, int],
         if not shapes:
             break
         best: dict[Shape, dict[str, float]] = {s: {} for s in shapes}
-        streamed = {s: weights[s][: _num_streamed(weights[s]) if rows <= _MEMORY_BOUND_ROWS else 1] for s in shapes}
+        streamed = {s: _streamed(weights[s]) if rows <= _MEMORY_BOUND_ROWS else weights[s][:1] for s in shapes}
         inputs = {s: torch.randn(rows, s[1], dtype=weights[s][0].dtype) for s in shapes}
         candidates = {name: k for name, k in kernels.items() if rows <= KERNEL_MAX_ROWS.get(name, rows)}
         for kernel in candidates.values():
@@ -159,13 +161,21 @@ def tune(weights: dict[Shape, list[torch.Tensor]], max_rows: dict[Shape, int],
     return plan
 
 
-def _num_streamed(ws: list[torch.Tensor]) -> int:
-    return max(1, min(len(ws), -(-_STREAM_BYTES // (ws[0].numel() * ws[0].element_size()))))
+def _streamed(ws: list[torch.Tensor]) -> list[torch.Tensor]:
+    """About ``_STREAM_BYTES`` of distinct weights of one shape: the model's own, then copies of
+    them where it has too few (an lm_head is one weight: timed alone, each pass is one call, on a
+    weight the pass before may have left in cache), at most ``_MAX_STREAMED`` calls a pass."""
+    wanted = max(1, min(_MAX_STREAMED, -(-_STREAM_BYTES // (ws[0].numel() * ws[0].element_size()))))
+    out = list(ws[:wanted])
+    while len(out) < wanted:
+        out.append(ws[len(out) % len(ws)].clone())
+    return out
 
 
 def plan_cache_key(weights: dict[Shape, list[torch.Tensor]], max_rows: dict[Shape, int],
                    kernel_names: list[str] | None = None) -> str:
-    parts = [platform.machine(), platform.processor(), cpu_model(), torch.__version__, str(torch.get_num_threads()),
+    parts = [_TUNER_VERSION, platform.machine(), platform.processor(), cpu_model(), torch.__version__,
+             str(torch.get_num_threads()),
              sorted((s, len(ws), str(ws[0].dtype), bucket_of(max_rows[s])) for s, ws in weights.items())]
     if kernel_names is not None:  # a plan chooses among these: another set is another plan
         parts.append(sorted(kernel_names))

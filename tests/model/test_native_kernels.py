@@ -110,7 +110,7 @@ def test_the_switch_turns_the_native_kernels_off(monkeypatch):
         load_native.cache_clear()
 
 
-@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])  # q/k head norm in the second
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])  # q/k head norm and a dense layer in the second
 def test_the_engine_decodes_through_the_native_kernels_and_matches_transformers(native, tiny_checkpoint, arch,
                                                                                     monkeypatch):
     from tiny_checkpoints import hf_greedy_continuations
@@ -130,11 +130,21 @@ def test_the_engine_decodes_through_the_native_kernels_and_matches_transformers(
             fused_blocks.append(("moe", h.shape[0]))
             return native.decode_layer.moe_block(h, *rest)
 
+    class CountingLibrary:
+        def __getattr__(self, name):
+            return getattr(native.library, name)
+
+        @staticmethod
+        def decode_forward(h, tokens, *rest):
+            fused_blocks.append(("forward", tokens))
+            return native.library.decode_forward(h, tokens, *rest)
+
     class Counting:
         skinny_linear = native.skinny_linear
         paged_decode_attention = native.paged_decode_attention  # decoders in a step with prefill
         decode_layer = CountingLayer()
-
+        library = CountingLibrary()
+        first_argmax = native.first_argmax
         swiglu_experts = native.swiglu_experts
 
     monkeypatch.setattr("batchgen_data.model.native.load_native", lambda: Counting())
@@ -143,9 +153,11 @@ def test_the_engine_decodes_through_the_native_kernels_and_matches_transformers(
     engine = Engine(folder, EngineConfig(max_num_seqs=4, block_size=8))
     outs = engine.generate(prompts, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
     assert [o.token_ids for o in outs] == hf_greedy_continuations(hf, prompts, 12)
-    # Decode steps of up to 8 rows ran each block in one call (fused_decode.MAX_TOKENS); prefill
-    # took the torch path.
-    assert {kind for kind, _ in fused_blocks} == {"attention", "moe"} and max(n for _, n in fused_blocks) == 4
+    # Decode steps of up to 32 rows (fused_decode.MAX_TOKENS) ran every layer in one call where
+    # every layer is one the kernels implement (Mixtral), else each block in one call (Qwen3-MoE's
+    # dense layer); prefill took the torch path.
+    expected = {"forward"} if arch == "mixtral" else {"attention", "moe"}
+    assert {kind for kind, _ in fused_blocks} == expected and max(n for _, n in fused_blocks) == 4
 
 
 @settings(max_examples=25, deadline=None)
@@ -308,3 +320,66 @@ def test_the_argmax_from_block_maxima_is_the_first_argmax(native, rows, vocab, t
         logits[:, -1] = 100.0  # the tail's last token is the maximum
     block_max, _ = native.logit_row_stats(logits, 64)
     assert torch.equal(argmax_from_block_max(logits, block_max, 64), first_argmax(logits))
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 5), vocab=st.integers(1, 3000), ties=st.booleans(), nans=st.integers(0, 3),
+       seed=st.integers(0, 2**16))
+def test_the_native_argmax_is_torchs_first_maximum(native, rows, vocab, ties, nans, seed):
+    """Greedy sampling's native argmax against ``max(dim).indices``: ties (the first wins), NaN
+    (the first NaN wins), -inf, rows of one value, and widths that are not a vector multiple."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, vocab, generator=g)
+    if ties:
+        logits = logits.round()
+    logits[torch.rand(rows, vocab, generator=g) < 0.3] = float("-inf")
+    for _ in range(nans):
+        logits[int(torch.randint(rows, (1,), generator=g)), int(torch.randint(vocab, (1,), generator=g))] = float("nan")
+    if seed % 5 == 0:
+        logits[0] = float("-inf")
+    assert torch.equal(native.first_argmax(logits), logits.max(dim=-1).indices)
+
+
+@pytest.mark.parametrize("num_seqs", [1, 5])
+def test_the_whole_forward_kernel_equals_the_per_layer_kernels(native, tiny_checkpoint, monkeypatch, num_seqs):
+    """One ``decode_forward`` call over every layer gives the same hidden states (bitwise), KV
+    pages and routed counts as the layer-by-layer fused blocks."""
+    import batchgen_data.model.decoder as decoder
+    from batchgen_data.model import MoEModel
+    from batchgen_data.model.attention.metadata import AttentionBatch, build_attention_metadata
+    from batchgen_data.model.model import ForwardTrace
+    from batchgen_data.model.native import _ACTIVE, use_native_kernels
+
+    folder, _ = tiny_checkpoint("mixtral")
+    model = MoEModel.from_pretrained(folder)
+    g = torch.Generator().manual_seed(num_seqs)
+    contexts = [int(c) for c in torch.randint(1, 18, (num_seqs,), generator=g)]
+    blocks = torch.randperm(6 * num_seqs, generator=g).tolist()
+    tables = [blocks[5 * i : 5 * i + -(-c // 4)] for i, c in enumerate(contexts)]
+    ids = torch.randint(4, 500, (num_seqs,), generator=g)
+    pages = [[torch.randn(page.shape, generator=g) for page in layer] for layer in model.new_kv_cache(6 * num_seqs, 4).layers]
+    per_layer_calls = []
+    real_block = decoder.fused_moe_block
+    monkeypatch.setattr(decoder, "fused_moe_block", lambda layer, h: per_layer_calls.append(1) or real_block(layer, h))
+    was = _ACTIVE["on"]
+    results = []
+    try:
+        use_native_kernels(True)
+        for whole in (True, False):
+            cache = model.new_kv_cache(6 * num_seqs, 4)
+            for mine, theirs in zip(cache.layers, pages):
+                for a, b in zip(mine, theirs):
+                    a.copy_(b)
+            model.fused_forward = None if whole else (cache, None)  # no address table: the per-layer path
+            batch = AttentionBatch.combine([build_attention_metadata([1] * num_seqs, contexts, tables, 4)],
+                                           model.rotary, torch.float32)
+            trace = ForwardTrace()
+            results.append((model.forward(ids, batch, cache, trace), cache, trace.expert_totals()))
+            assert len(per_layer_calls) == (0 if whole else len(model.layers))
+    finally:
+        use_native_kernels(was)
+        model.fused_forward = None
+    (h1, kv1, totals1), (h2, kv2, totals2) = results
+    assert torch.equal(h1, h2) and totals1 == totals2 and totals1[1] == 2 * num_seqs * len(model.layers)
+    for a, b in zip(kv1.layers, kv2.layers):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))

@@ -210,11 +210,11 @@ class ModelRunner:
 
     def _record(self, trace: ForwardTrace) -> None:
         self.stats.last_module_s.update(attention=trace.attention_s, moe=trace.moe_s)
-        self.stats.last_work.expert_calls = trace.expert_calls
-        self.stats.expert_calls += trace.expert_calls
-        self.stats.expert_tokens += trace.expert_tokens
-        calls = trace.expert_calls
-        self.stats.last_tokens_per_expert_call = trace.expert_tokens / calls if calls else 0.0
+        calls, tokens = trace.expert_totals()
+        self.stats.last_work.expert_calls = calls
+        self.stats.expert_calls += calls
+        self.stats.expert_tokens += tokens
+        self.stats.last_tokens_per_expert_call = tokens / calls if calls else 0.0
 
     def _attach_gather_buffers(self, metas: list[AttentionMetadata]) -> None:
         """Point every micro-batch at the reused page-gather buffers (micro-batches run in turn)."""

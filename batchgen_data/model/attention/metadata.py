@@ -99,15 +99,21 @@ def build_attention_metadata(
         block_tables: KV block ids per sequence, covering ``context_lens`` tokens.
         block_size: tokens per KV block.
     """
-    num_seqs = len(query_lens)
-    max_q = max(query_lens)
-    max_ctx = max(context_lens)
+    max_blocks = (max(context_lens) + block_size - 1) // block_size
+    padded = [blocks[:max_blocks] + [0] * (max_blocks - len(blocks)) for blocks in block_tables]
+    if max(query_lens) == 1:
+        return _decode_metadata(context_lens, padded, block_size, device)
+    return _general_metadata(query_lens, context_lens, padded, block_size, device)
+
+
+def _general_metadata(query_lens: list[int], context_lens: list[int], padded: list[list[int]], block_size: int,
+                      device: torch.device | str) -> AttentionMetadata:
+    """``build_attention_metadata`` for any query lengths (``padded``: the block tables cut or
+    padded with block 0 to the longest context's pages)."""
+    num_seqs, max_q = len(query_lens), max(query_lens)
     ctx = torch.tensor(context_lens, dtype=torch.long)
     qlen = torch.tensor(query_lens, dtype=torch.long)
     start = ctx - qlen  # [B] position of each sequence's first new token
-
-    max_blocks = (max_ctx + block_size - 1) // block_size
-    padded = [blocks[:max_blocks] + [0] * (max_blocks - len(blocks)) for blocks in block_tables]
     table = torch.tensor(padded, dtype=torch.long)  # [B, P]
 
     q_off = torch.arange(max_q)
@@ -127,6 +133,27 @@ def build_attention_metadata(
         context_lens=ctx.to(device),
         num_seqs=num_seqs,
         max_query_len=max_q,
+        block_size=block_size,
+    )
+
+
+def _decode_metadata(context_lens: list[int], table: list[list[int]], block_size: int,
+                     device: torch.device | str) -> AttentionMetadata:
+    """``build_attention_metadata`` where every query is one token (a decode step): the same
+    fields computed on Python lists, four tensors built once each (a decode step at one sequence
+    spent ~0.2 ms in the general path's two dozen small tensor ops)."""
+    positions = [c - 1 for c in context_lens]
+    slots = [blocks[p // block_size] * block_size + p % block_size for blocks, p in zip(table, positions)]
+    pos = torch.tensor(positions, dtype=torch.long, device=device)
+    return AttentionMetadata(
+        positions=pos,
+        slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+        query_index=torch.arange(len(positions), device=device),
+        block_table=torch.tensor(table, dtype=torch.long, device=device),
+        query_positions=pos[:, None],
+        context_lens=torch.tensor(context_lens, dtype=torch.long, device=device),
+        num_seqs=len(positions),
+        max_query_len=1,
         block_size=block_size,
     )
 

@@ -3,7 +3,7 @@ for few rows each, paged decode attention, fused decoder blocks, logits-row stat
 logprobs, and grammar bitmasks on logits rows.
 
 ``load_native()`` builds this folder's C++ sources (``skinny_gemm.cpp``, ``expert_swiglu.cpp``,
-``paged_attention.cpp``, ``decode_layer.cpp``, ``logit_stats.cpp``, ``grammar_mask.cpp``,
+``paged_attention.cpp``, ``decode_layer.cpp``, ``logit_stats.cpp``, ``grammar_mask.cpp``, ``argmax.cpp``,
 ``bindings.cpp``, sharing ``simd.h``, ``skinny_gemm.h`` and ``kernels.h``) with torch's C++ extension builder (the system C++ compiler, ``-O3
 -march=native``) once per machine, source, torch version and CPU into ``<cache>/native-kernels/``
 (~5 s on 2 cores: no unit includes torch's C++ API, only ATen's thread pool and pybind11), and
@@ -37,7 +37,8 @@ logger = logging.getLogger(__name__)
 
 _SOURCES = [Path(__file__).with_name(name) for name in ("skinny_gemm.cpp", "expert_swiglu.cpp",
                                                        "paged_attention.cpp", "decode_layer.cpp",
-                                                       "logit_stats.cpp", "grammar_mask.cpp", "bindings.cpp")]
+                                                       "logit_stats.cpp", "grammar_mask.cpp", "argmax.cpp",
+                                                       "bindings.cpp")]
 _HEADERS = [Path(__file__).with_name(name) for name in ("simd.h", "skinny_gemm.h", "kernels.h")]
 ENV_SWITCH = "BATCHGEN_DATA_NATIVE_KERNELS"  # "0" keeps torch's kernels only
 

@@ -54,6 +54,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                             as<const float>(w_gate_up), as<const float>(w_down), F, as<const int64_t>(row_of),
                             num_rows, as<int64_t>(counts));
   }, py::call_guard<py::gil_scoped_release>());
+  m.def("decode_forward", [](std::uintptr_t h, int64_t T, int64_t H, int64_t L, std::uintptr_t layer_ptrs,
+                             std::uintptr_t layer_dims, double eps, std::uintptr_t cos, std::uintptr_t sin,
+                             std::uintptr_t slots, int64_t num_blocks, int64_t block_size, std::uintptr_t table,
+                             std::uintptr_t ctx, int64_t P, double scale, std::uintptr_t counts,
+                             std::uintptr_t seconds) {
+    return decode_forward(as<float>(h), T, H, L, as<const int64_t>(layer_ptrs), as<const int64_t>(layer_dims),
+                          static_cast<float>(eps), as<const float>(cos), as<const float>(sin), as<const int64_t>(slots),
+                          num_blocks, block_size, as<const int64_t>(table), as<const int64_t>(ctx), P,
+                          static_cast<float>(scale), as<int64_t>(counts), as<double>(seconds));
+  }, py::call_guard<py::gil_scoped_release>());
   m.def("logit_row_stats", [](std::uintptr_t x, int64_t n, int64_t V, int64_t block, std::uintptr_t block_max,
                               std::uintptr_t log_norm) {
     return logit_row_stats(as<const float>(x), n, V, block, as<float>(block_max), as<float>(log_norm));
@@ -62,6 +72,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                            std::uintptr_t words, int64_t W, std::uintptr_t greedy, std::uintptr_t picks) {
     return grammar_mask(as<float>(x), num_rows, V, as<const int64_t>(rows), n, as<const int32_t>(words), W,
                         as<const uint8_t>(greedy), as<int64_t>(picks));
+  }, py::call_guard<py::gil_scoped_release>());
+  m.def("first_argmax_rows", [](std::uintptr_t x, int64_t n, int64_t V, std::uintptr_t out) {
+    return first_argmax_rows(as<const float>(x), n, V, as<int64_t>(out));
   }, py::call_guard<py::gil_scoped_release>());
   m.def("paged_decode_attention_into", [](std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t table,
                                           std::uintptr_t ctx, std::uintptr_t out, int64_t B, int64_t Nq, int64_t D,

@@ -4,6 +4,7 @@
 // operation by operation (RMSNorm in fp32, rotate-half RoPE, the router's fp32 softmax and top-k,
 // per-expert SwiGLU, routes added in expert order); only summation orders differ.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <numeric>
@@ -149,5 +150,35 @@ bool moe_block_decode(const float* h, float* h_out, int64_t T, int64_t H, const 
     }
   }
   for (int64_t i = 0; i < T * H; ++i) h_out[i] = h[i] + acc[i];
+  return true;
+}
+
+bool decode_forward(float* h, int64_t T, int64_t H, int64_t L, const int64_t* layer_ptrs, const int64_t* layer_dims,
+                    float eps, const float* cos, const float* sin, const int64_t* slots, int64_t num_blocks,
+                    int64_t block_size, const int64_t* table, const int64_t* ctx, int64_t P, float scale,
+                    int64_t* counts, double* seconds) {
+  std::vector<float> mid(static_cast<size_t>(T * H)), out(static_cast<size_t>(T * H));
+  seconds[0] = seconds[1] = 0.0;
+  int64_t expert_offset = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    const int64_t* p = layer_ptrs + l * kLayerPtrs;
+    const int64_t* d = layer_dims + l * kLayerDims;
+    auto as_f = [](int64_t a) { return reinterpret_cast<float*>(a); };
+    const auto t0 = std::chrono::steady_clock::now();
+    if (!attention_block_decode(h, mid.data(), T, H, as_f(p[0]), eps, as_f(p[1]), d[0], d[1], d[2], as_f(p[2]),
+                                as_f(p[3]), cos, sin, slots, as_f(p[4]), as_f(p[5]), num_blocks, block_size, table, ctx,
+                                P, as_f(p[6]), scale, d[3]))
+      return false;
+    const auto t1 = std::chrono::steady_clock::now();
+    if (!moe_block_decode(mid.data(), out.data(), T, H, as_f(p[7]), eps, as_f(p[8]), d[4], d[5], d[6] != 0,
+                          as_f(p[9]), as_f(p[10]), d[7], reinterpret_cast<const int64_t*>(p[11]), d[8],
+                          counts + expert_offset))
+      return false;
+    const auto t2 = std::chrono::steady_clock::now();
+    seconds[0] += std::chrono::duration<double>(t1 - t0).count();
+    seconds[1] += std::chrono::duration<double>(t2 - t1).count();
+    expert_offset += d[4];
+    std::copy(out.begin(), out.end(), h);
+  }
   return true;
 }

@@ -61,3 +61,20 @@ bool logit_row_stats(const float* x, int64_t n, int64_t V, int64_t block, float*
 // token. False (nothing done) for a row index out of range or W that does not match V.
 bool grammar_mask(float* x, int64_t num_rows, int64_t V, const int64_t* rows, int64_t n, const int32_t* words,
                   int64_t W, const uint8_t* greedy, int64_t* picks);
+
+// Greedy sampling: out[i] = the first maximum of row i of x [n, V] (NaN counts as the maximum,
+// the first NaN wins, as torch.argmax). False for V <= 0.
+bool first_argmax_rows(const float* x, int64_t n, int64_t V, int64_t* out);
+
+// A whole decode forward over L decoder layers, each ``attention_block_decode`` then
+// ``moe_block_decode``, h [T, H] updated in place. Per layer, layer_ptrs [L, kLayerPtrs]: input
+// norm, w_qkv, q_norm (or 0), k_norm (or 0), k_cache, v_cache, w_o, post-attention norm,
+// w_router, w_gate_up, w_down, row_of; layer_dims [L, kLayerDims]: Nq, Nkv, D, window, E, K,
+// renormalize, F, num_rows. counts gets every layer's routed tokens per expert in turn;
+// seconds [2]: the attention blocks' and the MoE blocks' wall time. False as the blocks are.
+constexpr int64_t kLayerPtrs = 12;
+constexpr int64_t kLayerDims = 9;
+bool decode_forward(float* h, int64_t T, int64_t H, int64_t L, const int64_t* layer_ptrs, const int64_t* layer_dims,
+                    float eps, const float* cos, const float* sin, const int64_t* slots, int64_t num_blocks,
+                    int64_t block_size, const int64_t* table, const int64_t* ctx, int64_t P, float scale,
+                    int64_t* counts, double* seconds);

@@ -97,6 +97,15 @@ class NativeKernels:
             return None
         return block_max, log_norm
 
+    def first_argmax(self, x: torch.Tensor) -> torch.Tensor:
+        """[N, V] fp32 (CPU, contiguous) -> [N] int64: each row's first maximum (NaN counts as
+        the maximum, the first NaN wins, as ``argmax``)."""
+        num_rows, vocab = x.shape
+        out = torch.empty(num_rows, dtype=torch.int64)
+        if not self.library.first_argmax_rows(x.data_ptr(), num_rows, vocab, out.data_ptr()):
+            raise ValueError(f"first_argmax: an empty row ({tuple(x.shape)})")
+        return out
+
     def grammar_mask(self, logits: torch.Tensor, rows: np.ndarray, words: np.ndarray, greedy: np.ndarray) -> np.ndarray:
         """Structured outputs on ``logits`` [N, V] (in place): rows ``rows`` [n] int64 under the
         bitmasks ``words`` [n, ceil(V / 32)] int32. A ``greedy`` [n] row allowing some token is
