@@ -105,11 +105,12 @@ class ForwardPlan:
 
 
 def fused_decode_forward(model, h: torch.Tensor, batch: AttentionBatch, kv_cache
-                         ) -> tuple[torch.Tensor, torch.Tensor, tuple[float, float]] | None:
+                         ) -> tuple[torch.Tensor, tuple[float, float], tuple[int, int]] | None:
     """All of ``model``'s layers over the decoding tokens ``h`` [T, H] in one native call
     (``decode_forward``): the step's Python work between layers (per layer two wrapper calls,
     each paying cache misses after the weights streamed through) is gone. Returns the hidden
-    states, the routed tokens per (layer, expert) and the attention and MoE seconds; None where
+    states, the attention and MoE seconds, and the (layer, expert) pairs that ran with the token
+    rows they ran; None where
     a layer, the batch or the tensors are not what the kernels implement (the per-layer path
     runs)."""
     if h.shape[0] > MAX_TOKENS or h.dtype != torch.float32 or not h.is_cpu or len(batch.micro_batches) != 1:
@@ -128,15 +129,15 @@ def fused_decode_forward(model, h: torch.Tensor, batch: AttentionBatch, kv_cache
     h = h.contiguous()
     k_cache = kv_cache.layers[0][0]
     counts = torch.empty(plan.num_routed, dtype=torch.int64)
-    seconds = torch.empty(2, dtype=torch.float64)
+    seconds = torch.empty(4, dtype=torch.float64)
     if not native.library.decode_forward(
             h.data_ptr(), h.shape[0], h.shape[1], plan.layer_ptrs.shape[0], plan.layer_ptrs.data_ptr(),
             plan.layer_dims.data_ptr(), plan.eps, cos.contiguous().data_ptr(), sin.contiguous().data_ptr(),
             batch.slot_mapping.data_ptr(), k_cache.shape[0], k_cache.shape[1], meta.block_table.data_ptr(),
             meta.context_lens.data_ptr(), meta.block_table.shape[1], plan.scale, counts.data_ptr(), seconds.data_ptr()):
         raise ValueError("decode_forward: a KV slot, page or block out of range, or a routed expert not held")
-    attention_s, moe_s = seconds.tolist()
-    return h, counts, (attention_s, moe_s)
+    attention_s, moe_s, calls, tokens = seconds.tolist()
+    return h, (attention_s, moe_s), (int(calls), int(tokens))
 
 
 def _forward_plan(model, kv_cache) -> ForwardPlan | None:
@@ -184,3 +185,20 @@ def _identity(n: int) -> torch.Tensor:
     if n not in _IDENTITY:
         _IDENTITY[n] = torch.arange(n, dtype=torch.int64)
     return _IDENTITY[n]
+
+
+def fused_logits(model, hidden: torch.Tensor) -> torch.Tensor | None:
+    """``model.compute_logits(hidden)`` for up to ``MAX_TOKENS`` rows in one native call (the
+    final RMSNorm, then the LM head through the skinny GEMM), or None where it does not apply."""
+    head, norm = model.lm_head, model.norm
+    if (hidden.shape[0] > MAX_TOKENS or hidden.dtype != torch.float32 or not hidden.is_cpu
+            or head.dtype != torch.float32 or not head.is_contiguous() or not norm.is_contiguous()):
+        return None
+    native = active_native()
+    if native is None:
+        return None
+    hidden = hidden.contiguous()
+    logits = torch.empty(hidden.shape[0], head.shape[0], dtype=torch.float32)
+    native.library.norm_logits(hidden.data_ptr(), logits.data_ptr(), hidden.shape[0], hidden.shape[1],
+                               norm.data_ptr(), model.config.rms_norm_eps, head.data_ptr(), head.shape[0])
+    return logits

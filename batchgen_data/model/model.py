@@ -22,7 +22,7 @@ from batchgen_data.model.attention.spec import KVSpec
 from batchgen_data.model.checkpoint import CheckpointReader
 from batchgen_data.model.config import ModelConfig
 from batchgen_data.model.decoder import DecoderLayer, MoEBlock
-from batchgen_data.model.fused_decode import fused_decode_forward
+from batchgen_data.model.fused_decode import fused_decode_forward, fused_logits
 from batchgen_data.model.kv_cache import KVCache
 from batchgen_data.model.layers import GatedMLP, SharedExpert, linear, rms_norm
 from batchgen_data.model.loader import dense_weight_bytes, load_expert_store, load_layers, mtp_weight_bytes
@@ -182,6 +182,9 @@ class MoEModel:
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [N, H] (usually the last token of each sequence) -> fp32 logits [N, V]."""
+        fused = fused_logits(self, hidden)  # a few rows: one native call
+        if fused is not None:
+            return fused
         logits = linear(self.final_norm(hidden), self.lm_head)  # [N, V]
         return logits.float().contiguous()  # row-major: the sampler reduces along V
 
@@ -208,9 +211,11 @@ class MoEModel:
         h = self.embed(input_ids)  # [T, H]
         fused = fused_decode_forward(self, h, batch, kv_cache)
         if fused is not None:  # every layer in one native call (a decode step of few tokens)
-            h, counts, (attention_s, moe_s) = fused
+            h, (attention_s, moe_s), (calls, tokens) = fused
             if trace is not None:
-                trace.add(attention_s, moe_s, counts)
+                trace.add(attention_s, moe_s, None)
+                trace.calls += calls
+                trace.tokens += tokens
             return h
         for layer_id, layer in enumerate(self.layers):
             t0 = time.perf_counter()
@@ -245,8 +250,9 @@ class ForwardTrace:
 
     attention_s: float = 0.0
     moe_s: float = 0.0
-    # Routed rows per expert: [E] per MoE layer, or every layer's in one (the whole-forward kernel).
-    counts: list[torch.Tensor] = field(default_factory=list)
+    counts: list[torch.Tensor] = field(default_factory=list)  # [E] routed rows per expert, per MoE layer
+    calls: int = 0  # (layer, expert) pairs and token rows counted already (the whole-forward kernel)
+    tokens: int = 0
 
     def add(self, attention_s: float, moe_s: float, counts: torch.Tensor | None) -> None:
         self.attention_s += attention_s
@@ -258,7 +264,7 @@ class ForwardTrace:
         """(layer, expert) pairs that ran on at least one token, and the token rows they ran:
         counted once per forward (per layer, the two reductions cost ~0.07 ms a layer at one
         decoding sequence)."""
-        calls = tokens = 0
+        calls, tokens = self.calls, self.tokens
         for c in self.counts:  # numpy on the host: a few us, where torch reductions took ~0.1 ms a step
             values = c.numpy() if c.is_cpu else c.cpu().numpy()
             calls += int(np.count_nonzero(values))

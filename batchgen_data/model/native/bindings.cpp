@@ -64,6 +64,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                           num_blocks, block_size, as<const int64_t>(table), as<const int64_t>(ctx), P,
                           static_cast<float>(scale), as<int64_t>(counts), as<double>(seconds));
   }, py::call_guard<py::gil_scoped_release>());
+  m.def("norm_logits", [](std::uintptr_t h, std::uintptr_t logits, int64_t T, int64_t H, std::uintptr_t norm_w,
+                          double eps, std::uintptr_t lm_head, int64_t V) {
+    norm_logits(as<const float>(h), as<float>(logits), T, H, as<const float>(norm_w), static_cast<float>(eps),
+                as<const float>(lm_head), V);
+  }, py::call_guard<py::gil_scoped_release>());
   m.def("logit_row_stats", [](std::uintptr_t x, int64_t n, int64_t V, int64_t block, std::uintptr_t block_max,
                               std::uintptr_t log_norm) {
     return logit_row_stats(as<const float>(x), n, V, block, as<float>(block_max), as<float>(log_norm));

@@ -158,7 +158,7 @@ bool decode_forward(float* h, int64_t T, int64_t H, int64_t L, const int64_t* la
                     int64_t block_size, const int64_t* table, const int64_t* ctx, int64_t P, float scale,
                     int64_t* counts, double* seconds) {
   std::vector<float> mid(static_cast<size_t>(T * H)), out(static_cast<size_t>(T * H));
-  seconds[0] = seconds[1] = 0.0;
+  seconds[0] = seconds[1] = seconds[2] = seconds[3] = 0.0;
   int64_t expert_offset = 0;
   for (int64_t l = 0; l < L; ++l) {
     const int64_t* p = layer_ptrs + l * kLayerPtrs;
@@ -177,8 +177,20 @@ bool decode_forward(float* h, int64_t T, int64_t H, int64_t L, const int64_t* la
     const auto t2 = std::chrono::steady_clock::now();
     seconds[0] += std::chrono::duration<double>(t1 - t0).count();
     seconds[1] += std::chrono::duration<double>(t2 - t1).count();
+    for (int64_t e = 0; e < d[4]; ++e) {
+      const int64_t c = counts[expert_offset + e];
+      seconds[2] += c > 0 ? 1.0 : 0.0;
+      seconds[3] += static_cast<double>(c);
+    }
     expert_offset += d[4];
     std::copy(out.begin(), out.end(), h);
   }
   return true;
+}
+
+void norm_logits(const float* h, float* logits, int64_t T, int64_t H, const float* norm_w, float eps,
+                 const float* lm_head, int64_t V) {
+  std::vector<float> x(static_cast<size_t>(T * H));
+  rms_norm_rows(h, norm_w, x.data(), T, H, eps);
+  skinny_into(x.data(), lm_head, logits, T, H, V);
 }

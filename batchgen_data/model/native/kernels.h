@@ -71,10 +71,15 @@ bool first_argmax_rows(const float* x, int64_t n, int64_t V, int64_t* out);
 // norm, w_qkv, q_norm (or 0), k_norm (or 0), k_cache, v_cache, w_o, post-attention norm,
 // w_router, w_gate_up, w_down, row_of; layer_dims [L, kLayerDims]: Nq, Nkv, D, window, E, K,
 // renormalize, F, num_rows. counts gets every layer's routed tokens per expert in turn;
-// seconds [2]: the attention blocks' and the MoE blocks' wall time. False as the blocks are.
+// seconds [4]: the attention blocks' and the MoE blocks' wall time, the (layer, expert) pairs
+// that ran and the token rows they ran. False as the blocks are.
 constexpr int64_t kLayerPtrs = 12;
 constexpr int64_t kLayerDims = 9;
 bool decode_forward(float* h, int64_t T, int64_t H, int64_t L, const int64_t* layer_ptrs, const int64_t* layer_dims,
                     float eps, const float* cos, const float* sin, const int64_t* slots, int64_t num_blocks,
                     int64_t block_size, const int64_t* table, const int64_t* ctx, int64_t P, float scale,
                     int64_t* counts, double* seconds);
+
+// logits [T, V] = rms_norm(h [T, H]) @ lm_head [V, H]^T: a decode step's final norm and LM head.
+void norm_logits(const float* h, float* logits, int64_t T, int64_t H, const float* norm_w, float eps,
+                 const float* lm_head, int64_t V);
