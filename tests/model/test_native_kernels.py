@@ -76,6 +76,21 @@ def test_paged_decode_attention_matches_gathered_sdpa(native, seqs, kv_heads, gr
                                rtol=1e-4, atol=1e-5)
 
 
+def test_paged_decode_attention_drops_negligible_weights_and_carries_nan(native):
+    """Scores more than 87 below the row's maximum weigh 0 (as exp underflows in SDPA), and a
+    NaN key makes its query heads' outputs NaN, as SDPA's do."""
+    g = torch.Generator().manual_seed(0)
+    k_cache, v_cache = torch.randn(4, 16, 2, 32, generator=g), torch.randn(4, 16, 2, 32, generator=g)
+    table, ctx = torch.tensor([[0, 1], [2, 3]]), torch.tensor([30, 25])
+    q = 40 * torch.randn(2, 4, 32, generator=g)  # scores spread over hundreds: most weights underflow
+    out = native.paged_decode_attention(q, k_cache, v_cache, table, ctx, 32**-0.5, 0)
+    torch.testing.assert_close(out, _gathered_sdpa(q, k_cache, v_cache, table, ctx, 32**-0.5, 0), rtol=1e-4, atol=1e-5)
+    k_cache[2, 3, 1, 5] = float("nan")  # sequence 1, token 3, KV head 1: query heads 2 and 3
+    out = native.paged_decode_attention(q, k_cache, v_cache, table, ctx, 32**-0.5, 0).view(2, 4, 32)
+    ref = _gathered_sdpa(q, k_cache, v_cache, table, ctx, 32**-0.5, 0).view(2, 4, 32)
+    assert torch.equal(out.isnan(), ref.isnan()) and out[1, 2:].isnan().all() and not out[0].isnan().any()
+
+
 def test_the_tuner_tries_a_few_rows_kernel_only_up_to_its_row_limit(monkeypatch):
     seen: dict[str, set[int]] = {"skinny": set(), "linear": set()}
 

@@ -95,6 +95,18 @@ inline vec vexp_nonpos(vec x) {
   return vfma(p, vpow2i(n), vzero());
 }
 
+// exp(x) for -87 <= x <= 0 and 0 below -87 (a softmax weight under exp(-87) ~ 1.6e-38 counts as
+// zero, so no product with it goes subnormal); NaN gives 0 too.
+inline vec vexp_or_zero(vec x) {
+#if defined(__AVX512F__)
+  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, vset1(-87.f), _CMP_GE_OQ), vexp_nonpos(x));
+#elif defined(__AVX2__) && defined(__FMA__)
+  return _mm256_and_ps(_mm256_cmp_ps(x, vset1(-87.f), _CMP_GE_OQ), vexp_nonpos(x));
+#else
+  return x >= -87.f ? vexp_nonpos(x) : 0.f;
+#endif
+}
+
 // sum_d a[d] * b[d]
 inline float dot(const float* a, const float* b, int64_t n) {
   const int64_t nv = n - n % kWidth;
