@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tiny_checkpoints import build_checkpoint  # noqa: E402
+from tiny_checkpoints import build_checkpoint, build_mtp_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -22,6 +22,21 @@ def tiny_checkpoint(tmp_path_factory):
         if arch not in cache:
             folder = tmp_path_factory.mktemp(f"ckpt-{arch}")
             cache[arch] = (folder, build_checkpoint(arch, folder))
+        return cache[arch]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def mtp_checkpoint(tmp_path_factory):
+    """Function arch -> (folder, main transformers model, transformers model whose last layer is
+    the MTP block, the MTP-only tensors): ``build_mtp_checkpoint``, cached per session."""
+    cache: dict[str, tuple] = {}
+
+    def get(arch: str):
+        if arch not in cache:
+            folder = tmp_path_factory.mktemp(f"mtp-{arch}")
+            cache[arch] = (folder, *build_mtp_checkpoint(arch, folder))
         return cache[arch]
 
     return get

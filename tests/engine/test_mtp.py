@@ -1,6 +1,6 @@
 """Speculative decoding with the checkpoint's Multi-Token-Prediction layer (``method: "mtp"``):
 its drafts against a ``transformers`` reference of the layer at every step, and tokens identical
-to decoding without drafts."""
+to decoding without drafts (N=2 expert-parallel ranks: ``test_speculative.py``)."""
 
 from __future__ import annotations
 
@@ -8,25 +8,12 @@ import random
 
 import pytest
 import torch
-from tiny_checkpoints import build_checkpoint, build_mtp_checkpoint
+from tiny_checkpoints import build_checkpoint
 
 from batchgen_data import Engine, EngineConfig, SamplingParams
 from batchgen_data.errors import BatchGenError
 
 MTP = {"method": "mtp", "num_speculative_tokens": 3}
-
-
-@pytest.fixture(scope="module")
-def mtp_checkpoint(tmp_path_factory):
-    cache = {}
-
-    def get(arch: str):
-        if arch not in cache:
-            folder = tmp_path_factory.mktemp(f"mtp-{arch}")
-            cache[arch] = (folder, *build_mtp_checkpoint(arch, folder))
-        return cache[arch]
-
-    return get
 
 
 class Recording:
@@ -179,25 +166,6 @@ def test_mtp_layer_weights_count_once(mtp_checkpoint, tmp_path):
     assert with_mtp.dense_weight_bytes > without.dense_weight_bytes + own
     assert layer.head is with_mtp.lm_head and layer.embed_tokens is with_mtp.embed_tokens
     assert len(with_mtp.kv_specs) == len(without.kv_specs) + 1
-
-
-@pytest.mark.timeout(240)
-def test_expert_parallel_ranks_draft_with_their_mtp_layer(mtp_checkpoint):
-    """N=2 ranks: each loads the MTP layer whole and drafts for its own rows; the tokens are
-    those of one process without speculation."""
-    folder, *_ = mtp_checkpoint("deepseek_v3")
-    prompts = [[5, 6, 7, 8] * 4, [9, 10, 11] * 5, [40, 41] * 6, [100, 101, 102, 103, 104] * 3]
-    params = [SamplingParams(max_tokens=16, temperature=0, ignore_eos=True),
-              SamplingParams(max_tokens=16, temperature=0.8, seed=4, ignore_eos=True)] * 2
-    plain = Engine(folder, EngineConfig(block_size=8)).generate(prompts, params)
-    engine = Engine(folder, EngineConfig(expert_parallel_size=2, block_size=8, speculative_config=MTP))
-    try:
-        spec = engine.generate(prompts, params)
-        stats = engine.stats()
-    finally:
-        engine.close()
-    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
-    assert stats.num_draft_tokens > 0, "the ranks' MTP drafts were checked"
 
 
 def test_the_layer_drafts_only_what_the_policy_would_keep():

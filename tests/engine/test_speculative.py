@@ -267,19 +267,22 @@ def test_speculative_config_is_checked():
 
 
 @pytest.mark.timeout(240)
-def test_expert_parallel_ranks_speculate_with_the_same_tokens(tiny_checkpoint):
-    """N=2 ranks, each with its own scheduler and n-gram drafts (repetitive prompts so the
-    lookup finds matches), against one process without speculation."""
-    folder, _ = tiny_checkpoint("qwen3_moe")
+@pytest.mark.parametrize("method", ["ngram", "mtp"])
+def test_expert_parallel_ranks_speculate_with_the_same_tokens(tiny_checkpoint, mtp_checkpoint, method):
+    """N=2 ranks, each with its own scheduler and drafts against one process without
+    speculation: n-gram (repetitive prompts so the lookup finds matches), and the MTP layer,
+    which each rank loads whole and runs for its own rows."""
+    folder = tiny_checkpoint("qwen3_moe")[0] if method == "ngram" else mtp_checkpoint("deepseek_v3")[0]
+    spec = SPEC if method == "ngram" else {"method": "mtp", "num_speculative_tokens": 3}
     prompts = [[5, 6, 7, 8] * 4, [9, 10, 11] * 5, [40, 41] * 6, [100, 101, 102, 103, 104] * 3]
     params = [SamplingParams(max_tokens=20, temperature=0, ignore_eos=True),
               SamplingParams(max_tokens=20, temperature=0.8, seed=4, ignore_eos=True)] * 2
     plain = Engine(folder, EngineConfig(block_size=8)).generate(prompts, params)
-    engine = Engine(folder, EngineConfig(expert_parallel_size=2, block_size=8, speculative_config=SPEC))
+    engine = Engine(folder, EngineConfig(expert_parallel_size=2, block_size=8, speculative_config=spec))
     try:
         spec = engine.generate(prompts, params)
         stats = engine.stats()
     finally:
         engine.close()
     assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
-    assert stats.num_draft_tokens > 0, "the ranks' n-gram drafts were checked"
+    assert stats.num_draft_tokens > 0, "the ranks' drafts were checked"
