@@ -125,7 +125,9 @@ class ModelRunner:
         self._record(trace)
         t_logits = time.perf_counter()
         if last_rows:
-            logits = self.model.compute_logits(hidden[torch.tensor(last_rows, device=device)])  # [N, V]
+            in_order = len(last_rows) == hidden.shape[0] and last_rows == list(range(len(last_rows)))
+            states = hidden if in_order else hidden[torch.tensor(last_rows, device=device)]
+            logits = self.model.compute_logits(states)  # [N, V]
             sampling, offsets, grammar_rows = _sampling_rows(out.sampling_seqs, out.grammar_rows)
             result.req_ids = [s.request_id for s in sampling]
             batch = _sampling_batch(sampling, device, grammar_rows, out.grammar_bitmask, offsets)
