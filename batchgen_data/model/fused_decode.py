@@ -10,6 +10,10 @@ residual block in one call where the layer is one whose options it implements:
 - MoE: the ``softmax_topk`` router without a bias, resident SwiGLU experts without biases, no
   shared expert.
 
+Where every layer of the model is such a layer, ``fused_decode_forward`` runs all of them in one
+call (``decode_forward``: the same two blocks per layer, bitwise), and ``fused_logits`` the final
+norm and the LM head in another.
+
 Every other layer, prefill, more than ``MAX_TOKENS`` tokens, and other devices or dtypes keep
 the torch path. The maths is the torch path's, operation by operation; only summation orders
 differ (the parity tests hold tokens to transformers').
@@ -110,9 +114,8 @@ def fused_decode_forward(model, h: torch.Tensor, batch: AttentionBatch, kv_cache
     (``decode_forward``): the step's Python work between layers (per layer two wrapper calls,
     each paying cache misses after the weights streamed through) is gone. Returns the hidden
     states, the attention and MoE seconds, and the (layer, expert) pairs that ran with the token
-    rows they ran; None where
-    a layer, the batch or the tensors are not what the kernels implement (the per-layer path
-    runs)."""
+    rows they ran; None where a layer, the batch or the tensors are not what the kernels
+    implement (the per-layer path runs)."""
     if h.shape[0] > MAX_TOKENS or h.dtype != torch.float32 or not h.is_cpu or len(batch.micro_batches) != 1:
         return None
     meta = batch.micro_batches[0]
@@ -141,6 +144,8 @@ def fused_decode_forward(model, h: torch.Tensor, batch: AttentionBatch, kv_cache
 
 
 def _forward_plan(model, kv_cache) -> ForwardPlan | None:
+    """The address table over the model's layers and their KV pages (the MTP layer's, last in the
+    cache, is not one of them), or None where a layer is not one the kernels implement."""
     ptrs, dims, keep = [], [], []
     head_dims, eps, scales = set(), set(), set()
     for layer, pages in zip(model.layers, kv_cache.layers):
