@@ -10,9 +10,9 @@ NOTE: the measurement. For each row bucket (1, 2-3, 4-7, ... rows) and each kern
 the kernel over the model's weights of every shape that bucket concerns, timing the calls. With
 few rows a GEMM is bound by reading its weight from memory, so the pass streams 64 MiB of each
 shape's weights as a decode step does, copying a shape's weights where the model has fewer (a
-hot-cache microbenchmark of one weight can favour a kernel that is slower in place); with many rows it is compute bound and one weight per shape
-suffices. The best of three passes counts, and each call's output is made row-major as its
-consumers need. The plan is cached per machine, torch version, thread count and shape set, so a
+hot-cache microbenchmark of one weight can favour a kernel that is slower in place); with many
+rows it is compute bound and one weight per shape suffices. The best of three passes counts,
+and each call's output is made row-major as its consumers need. The plan is cached per machine, torch version, thread count and shape set, so a
 process tunes once (~2-4 s for a 200 M-parameter model) and later ones load it. A plan records
 how loaded the machine was while it was measured; one measured under load is measured again,
 and replaced, by the first process that finds the machine quiet (``load_or_tune``).
@@ -139,13 +139,17 @@ def tune(weights: dict[Shape, list[torch.Tensor]], max_rows: dict[Shape, int],
     """The fastest kernel per shape and row bucket up to ``max_rows[shape]``."""
     kernels = kernels or available_kernels()
     plan = GemmPlan()
+    streamed_weights: dict[Shape, list[torch.Tensor]] = {}  # copies made once, for every few-rows bucket
     for bucket in range(NUM_BUCKETS):
         rows = bucket_rows(bucket)
         shapes = [s for s in weights if bucket <= bucket_of(max_rows[s])]
         if not shapes:
             break
         best: dict[Shape, dict[str, float]] = {s: {} for s in shapes}
-        streamed = {s: _streamed(weights[s]) if rows <= _MEMORY_BOUND_ROWS else weights[s][:1] for s in shapes}
+        if rows <= _MEMORY_BOUND_ROWS:
+            streamed = {s: streamed_weights.setdefault(s, _streamed(weights[s])) for s in shapes}
+        else:
+            streamed = {s: weights[s][:1] for s in shapes}
         inputs = {s: torch.randn(rows, s[1], dtype=weights[s][0].dtype) for s in shapes}
         candidates = {name: k for name, k in kernels.items() if rows <= KERNEL_MAX_ROWS.get(name, rows)}
         for kernel in candidates.values():

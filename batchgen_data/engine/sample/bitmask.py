@@ -31,6 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from batchgen_data.engine.sample.kernels import native_for
+
 _BIT_SHIFTS: dict[torch.device, torch.Tensor] = {}
 
 
@@ -64,7 +66,7 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: np.ndarray, rows: list[in
         return None
     words = np.ascontiguousarray(bitmask, dtype=np.int32)
     row_ids = np.asarray(rows, dtype=np.int64)
-    native = _native_kernels(logits)
+    native = native_for(logits)
     if native is not None:  # one pass over each row's words (model/native/grammar_mask.cpp)
         flags = np.asarray(greedy if greedy is not None else [False] * len(rows), dtype=np.uint8)
         picks = native.grammar_mask(logits, row_ids, words, flags)
@@ -88,16 +90,6 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: np.ndarray, rows: list[in
     if not pick.any():
         return None
     return _pick_greedy(logits, row_ids[pick], words[pick], vocab)
-
-
-def _native_kernels(logits: torch.Tensor):
-    """The native kernels where the engine turned them on and ``logits`` is a contiguous fp32
-    CPU tensor, else None (the numpy and torch path below)."""
-    from batchgen_data.model.native import active_native
-
-    if logits.dtype != torch.float32 or not logits.is_contiguous():
-        return None
-    return active_native()
 
 
 def _set_bits(words: np.ndarray, vocab: int) -> tuple[np.ndarray, np.ndarray]:

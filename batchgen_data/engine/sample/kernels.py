@@ -72,19 +72,16 @@ def first_argmax(x: torch.Tensor) -> torch.Tensor:
     ``argmax`` and transformers' greedy search pick it.
 
     Where the engine turned the native kernels on (fp32, CPU) it is one native call
-    (``model/native/argmax.cpp``). Otherwise, on CPU over a long row it goes through block maxima: ``amax`` over blocks of ``_ARGMAX_BLOCK``
-    tokens is one fast reduction, the first block holding the row's maximum holds its first
+    (``model/native/argmax.cpp``). Otherwise, on CPU over a long row it goes through block
+    maxima: ``amax`` over blocks of ``_ARGMAX_BLOCK`` tokens is one fast reduction, the first block holding the row's maximum holds its first
     occurrence, and only that block is searched; ``max(dim).indices`` over 64 rows of a 152k
     vocabulary takes ~5-7 ms on a 2-core EPYC, this ~1 ms. Elsewhere (and on short rows)
     ``max(dim).indices``, which has the same documented semantics and beats ``argmax`` 3-4x.
     """
     num_rows, vocab = x.shape
-    if x.dtype is torch.float32 and x.is_cpu and vocab and x.is_contiguous():
-        from batchgen_data.model.native import active_native
-
-        native = active_native()
-        if native is not None:  # one call: ~10 us at one row of 8k, where the ops below take ~0.2 ms
-            return native.first_argmax(x)
+    native = native_for(x) if vocab else None
+    if native is not None:  # one call: ~10 us at one row of 8k, where the ops below take ~0.2 ms
+        return native.first_argmax(x)
     if x.device.type != "cpu" or vocab < _ARGMAX_MIN_VOCAB:
         return x.max(dim=-1).indices
     head = (vocab // _ARGMAX_BLOCK) * _ARGMAX_BLOCK
@@ -98,6 +95,16 @@ def first_argmax(x: torch.Tensor) -> torch.Tensor:
     target = best.values[:, None]
     hit = (values == target) | (values.isnan() & target.isnan())
     return starts + hit.int().argmax(dim=-1)  # the first hit (clamped repeats come after it)
+
+
+def native_for(logits: torch.Tensor):
+    """The native kernels where the engine turned them on and ``logits`` is a contiguous fp32
+    CPU tensor, else None (the torch and numpy paths)."""
+    from batchgen_data.model.native import active_native
+
+    if logits.dtype != torch.float32 or not logits.is_cpu or not logits.is_contiguous():
+        return None
+    return active_native()
 
 
 def argmax_from_block_max(x: torch.Tensor, block_max: torch.Tensor, block: int) -> torch.Tensor:

@@ -142,9 +142,7 @@ class Drafter:
         """The tokens a drafted row keeps: the draft's longest prefix equal to ``sampled``
         (the tokens sampled at its k + 1 positions), then the sampled token after it."""
         draft = seq.draft_token_ids
-        n = 0
-        while n < len(draft) and sampled[n] == draft[n]:
-            n += 1
+        n = num_accepted(draft, sampled)
         seq.draft_acceptance.update(len(draft), n)
         self.job_acceptance.update(len(draft), n)
         self.stats.num_accepted_tokens += n
@@ -163,6 +161,15 @@ class Drafter:
     def observe(self, num_tokens: int, seconds: float) -> None:
         """A decode step's measured time (the policy's cost model)."""
         self.costs.observe(num_tokens, seconds)
+
+
+def num_accepted(draft: list[int], sampled: list[int]) -> int:
+    """How many draft tokens are accepted: the length of the draft's longest prefix equal to the
+    tokens sampled at its positions (the scheduler keeps them; an MTP layer drafts on from them)."""
+    n = 0
+    while n < len(draft) and sampled[n] == draft[n]:
+        n += 1
+    return n
 
 
 def make_proposer(config: SpeculativeConfig) -> Proposer:

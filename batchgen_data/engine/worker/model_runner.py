@@ -23,6 +23,7 @@ import torch
 
 from batchgen_data.engine.sample.logprob_capture import token_logprobs
 from batchgen_data.engine.sample.processors import ProcessorRows
+from batchgen_data.engine.spec.drafter import num_accepted
 from batchgen_data.engine.worker.mtp_drafts import DraftRow, catch_up_and_draft
 from batchgen_data.engine.worker.pooler import pool
 from batchgen_data.engine.core.runner_output import ModelRunnerOutput
@@ -157,22 +158,20 @@ class ModelRunner:
                   spans: list[tuple[int, int, int]], sampled_rows: list[int], sampled: list[int]) -> dict[int, list[int]]:
         """The MTP layer's catch-up over this step's positions and the next step's drafts
         (``mtp_drafts.py``): the token after each position is the next one given, or the one
-        sampled there."""
+        sampled there. ``spans`` (sequence index, first row, query length) are in row order."""
         next_ids = input_ids[1:] + [0]
         token_at = dict(zip(sampled_rows, sampled))
         first_rows, rows = [], []
-        for i, base, qlen in sorted(spans, key=lambda span: span[1]):
+        for i, base, qlen in spans:
             seq, end = out.seqs[i], base + qlen - 1
             start = seq.num_computed_tokens
             if start == 0:
                 first_rows.append(base)
             if end in token_at:  # it sampled: each sampled position's next token is its sample
                 drafted = len(seq.draft_token_ids)
-                kept = 0
-                while kept < drafted and token_at[end - drafted + kept] == seq.draft_token_ids[kept]:
-                    kept += 1
                 for row in range(end - drafted, end + 1):
                     next_ids[row] = token_at[row]
+                kept = num_accepted(seq.draft_token_ids, next_ids[end - drafted : end + 1])
                 if not seq.params.adjusts_logits:
                     rows.append(DraftRow(seq.request_id, end - drafted + kept, start + qlen - 1 - drafted + kept,
                                          seq.block_ids))
