@@ -118,37 +118,26 @@ bool moe_block_decode(const float* h, float* h_out, int64_t T, int64_t H, const 
       ++counts[order[j]];
     }
   }
-  // Experts in ascending id, each over its tokens at once; every route's weighted output is added
-  // to its token's sum in that order (as index_add_ over the expert-sorted routes does).
-  std::vector<float> acc(static_cast<size_t>(T * H), 0.f);
-  std::vector<float> xs(static_cast<size_t>(T * H)), gate_up(static_cast<size_t>(T * 2 * F)),
-      act(static_cast<size_t>(T * F)), y(static_cast<size_t>(T * H));
-  std::vector<int64_t> tokens;
-  std::vector<float> route_w;
+  // The routes grouped by expert in ascending id, tokens in order within each (as the
+  // expert-sorted routes of the torch path), then every expert in one parallel region.
+  std::vector<int64_t> starts{0}, rows, token_of;
+  std::vector<float> route_w, xs;
+  token_of.reserve(static_cast<size_t>(T * K));
   for (int64_t e = 0; e < E; ++e) {
     if (counts[e] == 0) continue;
-    tokens.clear();
-    route_w.clear();
     for (int64_t t = 0; t < T; ++t)
       for (int64_t j = 0; j < K; ++j)
         if (ids[t * K + j] == e) {
-          tokens.push_back(t);
+          token_of.push_back(t);
           route_w.push_back(weights[t * K + j]);
+          xs.insert(xs.end(), x.data() + t * H, x.data() + (t + 1) * H);
         }
-    const int64_t n = static_cast<int64_t>(tokens.size());
-    for (int64_t i = 0; i < n; ++i) std::copy(x.data() + tokens[i] * H, x.data() + (tokens[i] + 1) * H, xs.data() + i * H);
-    const int64_t row = row_of[e];
-    swiglu_expert_into(xs.data(), y.data(), n, H, F, w_gate_up + row * 2 * F * H, w_down + row * H * F,
-                       gate_up.data(), act.data());
-    for (int64_t i = 0; i < n; ++i) {
-      float* out = acc.data() + tokens[i] * H;
-      const float* yi = y.data() + i * H;
-      for (int64_t c = 0; c < H; ++c) {
-        const float weighted = yi[c] * route_w[i];
-        out[c] = out[c] + weighted;
-      }
-    }
+    rows.push_back(row_of[e]);
+    starts.push_back(static_cast<int64_t>(token_of.size()));
   }
+  std::vector<float> acc(static_cast<size_t>(T * H));
+  swiglu_routed_into(xs.data(), token_of.data(), route_w.data(), starts.data(), rows.data(),
+                     static_cast<int64_t>(rows.size()), T, H, F, w_gate_up, w_down, acc.data());
   for (int64_t i = 0; i < T * H; ++i) h_out[i] = h[i] + acc[i];
   return true;
 }

@@ -59,15 +59,18 @@ inline void four_by_one(const float* const* wr, const float* x0, float* y0, int6
 
 
 // y[:, r .. r+4] for every x row: the four w rows (4 K floats) stay in L1 while the x rows pass.
-inline void four_rows(const float* w, const float* x, float* y, int64_t M, int64_t K, int64_t N, int64_t r) {
-  const float* wr[4] = {w + r * K, w + (r + 1) * K, w + (r + 2) * K, w + (r + 3) * K};
+// w's rows are ldw floats apart, y's rows ldy.
+inline void four_rows(const float* w, const float* x, float* y, int64_t M, int64_t K, int64_t ldw, int64_t ldy,
+                      int64_t r) {
+  const float* wr[4] = {w + r * ldw, w + (r + 1) * ldw, w + (r + 2) * ldw, w + (r + 3) * ldw};
   int64_t m = 0;
-  for (; m + 2 <= M; m += 2) four_by_two(wr, x + m * K, x + (m + 1) * K, y + m * N + r, y + (m + 1) * N + r, K);
-  if (m < M) four_by_one(wr, x + m * K, y + m * N + r, K);
+  for (; m + 2 <= M; m += 2) four_by_two(wr, x + m * K, x + (m + 1) * K, y + m * ldy + r, y + (m + 1) * ldy + r, K);
+  if (m < M) four_by_one(wr, x + m * K, y + m * ldy + r, K);
 }
 
-inline void one_row(const float* w, const float* x, float* y, int64_t M, int64_t K, int64_t N, int64_t r) {
-  const float* wr = w + r * K;
+inline void one_row(const float* w, const float* x, float* y, int64_t M, int64_t K, int64_t ldw, int64_t ldy,
+                    int64_t r) {
+  const float* wr = w + r * ldw;
   const int64_t kv = K - K % kWidth;
   for (int64_t m = 0; m < M; ++m) {
     const float* xr = x + m * K;
@@ -75,26 +78,35 @@ inline void one_row(const float* w, const float* x, float* y, int64_t M, int64_t
     for (int64_t k = 0; k < kv; k += kWidth) a = vfma(vload(wr + k), vload(xr + k), a);
     float s = vsum(a);
     for (int64_t k = kv; k < K; ++k) s += wr[k] * xr[k];
-    y[m * N + r] = s;
+    y[m * ldy + r] = s;
+  }
+}
+
+inline void row_groups(const float* x, const float* w, float* y, int64_t M, int64_t K, int64_t N, int64_t ldw,
+                       int64_t ldy, int64_t g0, int64_t g1) {
+  for (int64_t g = g0; g < g1; ++g) {
+    const int64_t r = 4 * g;
+    const int64_t left = N - r;
+    if (left >= 4) {
+      four_rows(w, x, y, M, K, ldw, ldy, r);
+    } else {
+      for (int64_t i = 0; i < left; ++i) one_row(w, x, y, M, K, ldw, ldy, r + i);
+    }
   }
 }
 
 }  // namespace
+
+void skinny_serial(const float* x, const float* w, float* y, int64_t M, int64_t K, int64_t N, int64_t ldw,
+                   int64_t ldy) {
+  if (M == 0 || N == 0) return;
+  row_groups(x, w, y, M, K, N, ldw, ldy, 0, (N + 3) / 4);
+}
 
 void skinny_into(const float* xp, const float* wp, float* yp, int64_t M, int64_t K, int64_t N) {
   if (M == 0 || N == 0) return;
   // Whole 4-row groups per task; at least ~64 KiB of w per task, so small weights stay on one thread.
   const int64_t groups = (N + 3) / 4;
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(1, 4 * K));
-  at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
-    for (int64_t g = g0; g < g1; ++g) {
-      const int64_t r = 4 * g;
-      const int64_t left = N - r;
-      if (left >= 4) {
-        four_rows(wp, xp, yp, M, K, N, r);
-      } else {
-        for (int64_t i = 0; i < left; ++i) one_row(wp, xp, yp, M, K, N, r + i);
-      }
-    }
-  });
+  at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) { row_groups(xp, wp, yp, M, K, N, K, N, g0, g1); });
 }

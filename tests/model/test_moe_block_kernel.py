@@ -1,0 +1,71 @@
+"""The native MoE block (router, then every routed expert in one parallel region, each chunk of
+the FFN width summing its own partial outputs) against the torch maths, at FFN widths that split
+into several chunks and at the row counts of decode steps (issue #35)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from batchgen_data.model.native import load_native
+
+
+@pytest.fixture(scope="module")
+def native():
+    module = load_native()
+    if module is None:
+        pytest.skip("the native kernels do not build here (no C++ compiler or torch headers)")
+    return module
+
+
+def _reference(h, norm_w, eps, w_router, top_k, renormalize, w_gate_up, w_down, row_of):
+    x = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * norm_w
+    probs = torch.softmax(x @ w_router.T, dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(-1, keepdim=True)
+    out = torch.zeros_like(h)
+    for t in range(h.shape[0]):
+        for w, e in zip(weights[t].tolist(), ids[t].tolist()):
+            gate, up = (x[t] @ w_gate_up[row_of[e]].T).chunk(2)
+            out[t] += w * ((F.silu(gate) * up) @ w_down[row_of[e]].T)
+    return h + out
+
+
+@settings(max_examples=12, deadline=None)
+@given(tokens=st.integers(1, 32), ffn=st.sampled_from([1024, 1408, 1500, 2304, 8200]), hidden=st.sampled_from([16, 48, 130]),
+       experts=st.integers(2, 9), top_k=st.integers(1, 2), renormalize=st.booleans(), seed=st.integers(0, 2**16))
+def test_the_moe_block_matches_the_torch_maths_across_ffn_chunks(native, tokens, ffn, hidden, experts, top_k,
+                                                                  renormalize, seed):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(tokens, hidden, generator=g)
+    norm_w = torch.rand(hidden, generator=g) + 0.5
+    w_router = torch.randn(experts, hidden, generator=g)
+    w_gate_up = torch.randn(experts + 1, 2 * ffn, hidden, generator=g) / hidden**0.5
+    w_down = torch.randn(experts + 1, hidden, ffn, generator=g) / ffn**0.5
+    row_of = torch.randperm(experts + 1, generator=g)[:experts]  # rows need not equal expert ids
+    out, counts = native.decode_layer.moe_block(h, norm_w, 1e-5, w_router, top_k, renormalize, w_gate_up, w_down,
+                                                row_of)
+    expected = _reference(h, norm_w, 1e-5, w_router, top_k, renormalize, w_gate_up, w_down, row_of.tolist())
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    assert int(counts.sum()) == tokens * top_k
+
+
+def test_the_moe_block_does_not_depend_on_the_thread_count(native):
+    g = torch.Generator().manual_seed(0)
+    tokens, hidden, ffn, experts = 8, 64, 1408, 6
+    args = (torch.randn(tokens, hidden, generator=g), torch.ones(hidden), 1e-5, torch.randn(experts, hidden, generator=g),
+            2, True, torch.randn(experts, 2 * ffn, hidden, generator=g), torch.randn(experts, hidden, ffn, generator=g),
+            torch.arange(experts))
+    threads = torch.get_num_threads()
+    try:
+        outs = []
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            outs.append(native.decode_layer.moe_block(*args)[0])
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
