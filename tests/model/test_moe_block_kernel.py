@@ -37,21 +37,34 @@ def _reference(h, norm_w, eps, w_router, top_k, renormalize, w_gate_up, w_down, 
 
 @settings(max_examples=12, deadline=None)
 @given(tokens=st.integers(1, 32), ffn=st.sampled_from([1024, 1408, 1500, 2304, 8200]), hidden=st.sampled_from([16, 48, 130]),
-       experts=st.integers(2, 9), top_k=st.integers(1, 2), renormalize=st.booleans(), seed=st.integers(0, 2**16))
+       experts=st.integers(2, 9), top_k=st.integers(1, 2), renormalize=st.booleans(), seed=st.integers(0, 2**16),
+       gate_scale=st.sampled_from([1.0, 300.0]))
 def test_the_moe_block_matches_the_torch_maths_across_ffn_chunks(native, tokens, ffn, hidden, experts, top_k,
-                                                                  renormalize, seed):
+                                                                  renormalize, seed, gate_scale):
+    """``gate_scale`` 300 puts gate values far beyond exp's range on both sides (the vector SiLU)."""
     g = torch.Generator().manual_seed(seed)
     h = torch.randn(tokens, hidden, generator=g)
     norm_w = torch.rand(hidden, generator=g) + 0.5
     w_router = torch.randn(experts, hidden, generator=g)
     w_gate_up = torch.randn(experts + 1, 2 * ffn, hidden, generator=g) / hidden**0.5
+    w_gate_up[:, :ffn] *= gate_scale
     w_down = torch.randn(experts + 1, hidden, ffn, generator=g) / ffn**0.5
     row_of = torch.randperm(experts + 1, generator=g)[:experts]  # rows need not equal expert ids
     out, counts = native.decode_layer.moe_block(h, norm_w, 1e-5, w_router, top_k, renormalize, w_gate_up, w_down,
                                                 row_of)
     expected = _reference(h, norm_w, 1e-5, w_router, top_k, renormalize, w_gate_up, w_down, row_of.tolist())
-    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4 * gate_scale)
     assert int(counts.sum()) == tokens * top_k
+
+
+def test_a_nan_gate_reaches_the_output(native):
+    hidden, ffn, experts = 32, 1024, 2
+    w_gate_up = torch.randn(experts, 2 * ffn, hidden)
+    w_gate_up[1, 5] = float("nan")  # expert 1's gate column 5
+    out, _ = native.decode_layer.moe_block(torch.randn(1, hidden), torch.ones(hidden), 1e-5,
+                                           torch.tensor([[0.0] * hidden, [1.0] * hidden]), 2, True, w_gate_up,
+                                           torch.randn(experts, hidden, ffn), torch.arange(experts))
+    assert out.isnan().all()
 
 
 def test_the_moe_block_does_not_depend_on_the_thread_count(native):

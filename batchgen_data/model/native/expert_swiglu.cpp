@@ -12,7 +12,15 @@
 #include <vector>
 
 #include "kernels.h"
+#include "simd.h"
 #include "skinny_gemm.h"
+
+// g[k] = silu(g[k]) * u[k]
+static void silu_mul(float* g, const float* u, int64_t n) {
+  const int64_t nv = n - n % kWidth;
+  for (int64_t k = 0; k < nv; k += kWidth) vstore(g + k, vsilu_mul(vload(g + k), vload(u + k)));
+  for (int64_t k = nv; k < n; ++k) g[k] = g[k] / (1.f + std::exp(-g[k])) * u[k];
+}
 
 void swiglu_expert_into(const float* x, float* y, int64_t n, int64_t H, int64_t F, const float* w_gate_up,
                         const float* w_down, float* gate_up, float* act) {
@@ -50,38 +58,44 @@ int64_t routed_f_chunks(int64_t F) { return std::clamp<int64_t>(F / 512, 1, 16);
 void swiglu_routed_into(const float* x_sorted, const int64_t* token_of, const float* route_w, const int64_t* starts,
                         const int64_t* rows, int64_t num_used, int64_t T, int64_t H, int64_t F,
                         const float* w_gate_up, const float* w_down, float* acc) {
+  const int64_t R = starts[num_used];
+  std::vector<float> act(static_cast<size_t>(R * F)), y(static_cast<size_t>(R * H));
   const int64_t C = routed_f_chunks(F);
+  auto bound = [&](int64_t c, int64_t n) { return c == C ? n : (n * c / C) / 16 * 16; };
   int64_t most = 0;
   for (int64_t i = 0; i < num_used; ++i) most = std::max(most, starts[i + 1] - starts[i]);
-  std::vector<float> parts(static_cast<size_t>(C * T * H), 0.f);
-  auto bound = [&](int64_t c) { return c == C ? F : (F * c / C) / 16 * 16; };
+  // Gate, up and their product: chunk c takes columns f0 .. f1 of every expert's F.
   at::parallel_for(0, C, 1, [&](int64_t c0, int64_t c1) {
-    const int64_t widest = F / C + 32;  // every chunk is at most F / C + 16 wide
-    std::vector<float> g(static_cast<size_t>(most * widest)), u(g.size()), y(static_cast<size_t>(most * H));
+    std::vector<float> up(static_cast<size_t>(most * (F / C + 32)));  // every chunk is at most F / C + 16 wide
     for (int64_t c = c0; c < c1; ++c) {
-      const int64_t f0 = bound(c), fc = bound(c + 1) - f0;
-      float* part = parts.data() + c * T * H;
+      const int64_t f0 = bound(c, F), fc = bound(c + 1, F) - f0;
       for (int64_t i = 0; i < num_used; ++i) {
         const int64_t lo = starts[i], n = starts[i + 1] - starts[i];
         if (n == 0 || fc == 0) continue;
         const float* wgu = w_gate_up + rows[i] * 2 * F * H;
         const float* x = x_sorted + lo * H;
-        skinny_serial(x, wgu + f0 * H, g.data(), n, H, fc, H, fc);
-        skinny_serial(x, wgu + (F + f0) * H, u.data(), n, H, fc, H, fc);
-        for (int64_t k = 0; k < n * fc; ++k) g[k] = g[k] / (1.f + std::exp(-g[k])) * u[k];
-        skinny_serial(g.data(), w_down + rows[i] * H * F + f0, y.data(), n, fc, H, F, H);
-        for (int64_t m = 0; m < n; ++m) {
-          float* out = part + token_of[lo + m] * H;
-          const float* ym = y.data() + m * H;
-          const float w = route_w[lo + m];
-          for (int64_t k = 0; k < H; ++k) out[k] += ym[k] * w;
-        }
+        skinny_serial(x, wgu + f0 * H, act.data() + lo * F + f0, n, H, fc, H, F);
+        skinny_serial(x, wgu + (F + f0) * H, up.data(), n, H, fc, H, fc);
+        for (int64_t m = 0; m < n; ++m) silu_mul(act.data() + (lo + m) * F + f0, up.data() + m * fc, fc);
       }
     }
   });
+  // The down projection: chunk c takes output columns h0 .. h1 (its rows of w_down, whole).
+  at::parallel_for(0, C, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t h0 = bound(c, H), hc = bound(c + 1, H) - h0;
+      for (int64_t i = 0; i < num_used; ++i) {
+        const int64_t lo = starts[i], n = starts[i + 1] - starts[i];
+        if (n == 0 || hc == 0) continue;
+        skinny_serial(act.data() + lo * F, w_down + rows[i] * H * F + h0 * F, y.data() + lo * H + h0, n, F, hc, F, H);
+      }
+    }
+  });
+  // Every route's weighted output added to its token's sum, experts in ascending id.
   std::fill(acc, acc + T * H, 0.f);
-  for (int64_t c = 0; c < C; ++c) {
-    const float* part = parts.data() + c * T * H;
-    for (int64_t k = 0; k < T * H; ++k) acc[k] += part[k];
+  for (int64_t r = 0; r < R; ++r) {
+    float* out = acc + token_of[r] * H;
+    const float* yr = y.data() + r * H;
+    for (int64_t k = 0; k < H; ++k) out[k] += yr[k] * route_w[r];
   }
 }

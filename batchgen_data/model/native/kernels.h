@@ -20,10 +20,11 @@ bool swiglu_experts_into(const float* x, float* y, int64_t R, int64_t H, int64_t
 // The routed experts of one MoE layer in one parallel region: acc [T, H] = the sum over routes
 // (token token_of[r], weight route_w[r]) of the weight times the SwiGLU expert of x_sorted [R, H]
 // row r, the rows grouped by expert (segment i = starts[i] .. starts[i+1], weight row rows[i] of
-// w_gate_up [*, 2F, H] and w_down [*, H, F]). Each of routed_f_chunks(F) chunks takes its slice of
-// every expert's F (gate and up rows, the down projection's columns) and sums its own partial
-// outputs, so a thread reads its share of each expert once, with no join per expert; the chunks'
-// sums are added in chunk order, so the result does not depend on the thread count.
+// w_gate_up [*, 2F, H] and w_down [*, H, F]). Two parallel regions for the whole layer, not two
+// joins per expert: in the first each of routed_f_chunks(F) chunks takes its slice of every
+// expert's F (gate and up rows, SiLU and product), in the second its slice of the outputs (rows
+// of w_down, whole). Every weight row is read once, contiguously, and every output is one full
+// dot product, so the result does not depend on the thread count.
 int64_t routed_f_chunks(int64_t F);
 void swiglu_routed_into(const float* x_sorted, const int64_t* token_of, const float* route_w, const int64_t* starts,
                         const int64_t* rows, int64_t num_used, int64_t T, int64_t H, int64_t F,

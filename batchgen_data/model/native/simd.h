@@ -107,6 +107,22 @@ inline vec vexp_or_zero(vec x) {
 #endif
 }
 
+// silu(g) * u = g * sigmoid(g) * u, the sigmoid from e = exp(-|g|) (1 / (1 + e) for g >= 0,
+// e / (1 + e) below), so nothing overflows; a NaN g gives NaN.
+inline vec vsilu_mul(vec g, vec u) {
+#if defined(__AVX512F__)
+  const vec e = vexp_nonpos(vsub(vzero(), _mm512_abs_ps(g)));
+  const vec num = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(g, vzero(), _CMP_GE_OQ), e, vset1(1.f));
+  return _mm512_mul_ps(_mm512_mul_ps(g, _mm512_div_ps(num, vadd(vset1(1.f), e))), u);
+#elif defined(__AVX2__) && defined(__FMA__)
+  const vec e = vexp_nonpos(vsub(vzero(), _mm256_andnot_ps(vset1(-0.f), g)));
+  const vec num = _mm256_blendv_ps(e, vset1(1.f), _mm256_cmp_ps(g, vzero(), _CMP_GE_OQ));
+  return _mm256_mul_ps(_mm256_mul_ps(g, _mm256_div_ps(num, vadd(vset1(1.f), e))), u);
+#else
+  return g / (1.f + __builtin_expf(-g)) * u;
+#endif
+}
+
 // sum_d a[d] * b[d]
 inline float dot(const float* a, const float* b, int64_t n) {
   const int64_t nv = n - n % kWidth;
