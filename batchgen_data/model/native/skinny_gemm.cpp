@@ -14,12 +14,16 @@
 
 namespace {
 
-// y[m, r .. r+4] and y[m+1, r .. r+4]: four w rows against two x rows (8 accumulators).
-inline void four_by_two(const float* const* wr, const float* x0, const float* x1, float* y0, float* y1, int64_t K) {
+// y[m, r .. r+4] and y[m+1, r .. r+4]: four w rows against two x rows (8 accumulators). pf0 and
+// pf1 (or nullptr): w rows of the next group to prefetch into L1 meanwhile, a line per step.
+inline void four_by_two(const float* const* wr, const float* x0, const float* x1, float* y0, float* y1, int64_t K,
+                        const float* pf0, const float* pf1) {
   const int64_t kv = K - K % kWidth;
   vec a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
   vec b0 = vzero(), b1 = vzero(), b2 = vzero(), b3 = vzero();
   for (int64_t k = 0; k < kv; k += kWidth) {
+    if (pf0 != nullptr) __builtin_prefetch(pf0 + k, 0, 3);
+    if (pf1 != nullptr) __builtin_prefetch(pf1 + k, 0, 3);
     const vec u = vload(x0 + k), v = vload(x1 + k);
     const vec w0 = vload(wr[0] + k), w1 = vload(wr[1] + k), w2 = vload(wr[2] + k), w3 = vload(wr[3] + k);
     a0 = vfma(w0, u, a0); b0 = vfma(w0, v, b0);
@@ -59,12 +63,23 @@ inline void four_by_one(const float* const* wr, const float* x0, float* y0, int6
 
 
 // y[:, r .. r+4] for every x row: the four w rows (4 K floats) stay in L1 while the x rows pass.
-// w's rows are ldw floats apart, y's rows ldy.
-inline void four_rows(const float* w, const float* x, float* y, int64_t M, int64_t K, int64_t ldw, int64_t ldy,
-                      int64_t r) {
+// w's rows are ldw floats apart, y's rows ldy. With 4 or more x rows the group computes longer
+// than memory takes to bring the next four w rows, and the hardware prefetcher does not run that
+// far ahead: the pairs of x rows prefetch the next group's rows between them (the LM head of 16
+// rows: 1.41 -> 1.21 ms from memory, Xeon). With fewer rows the step is bound by memory anyway.
+inline void four_rows(const float* w, const float* x, float* y, int64_t M, int64_t K, int64_t N, int64_t ldw,
+                      int64_t ldy, int64_t r) {
   const float* wr[4] = {w + r * ldw, w + (r + 1) * ldw, w + (r + 2) * ldw, w + (r + 3) * ldw};
+  const int64_t pairs = M / 2;
+  const bool prefetch = pairs >= 2 && r + 8 <= N;
   int64_t m = 0;
-  for (; m + 2 <= M; m += 2) four_by_two(wr, x + m * K, x + (m + 1) * K, y + m * ldy + r, y + (m + 1) * ldy + r, K);
+  for (int64_t p = 0; m + 2 <= M; m += 2, ++p) {
+    // Pair p prefetches next-group rows [4p / pairs, 4(p + 1) / pairs): one or two of them.
+    const int64_t lo = 4 * p / pairs, hi = 4 * (p + 1) / pairs;
+    const float* pf0 = prefetch && lo < hi ? wr[lo] + 4 * ldw : nullptr;
+    const float* pf1 = prefetch && lo + 1 < hi ? wr[lo + 1] + 4 * ldw : nullptr;
+    four_by_two(wr, x + m * K, x + (m + 1) * K, y + m * ldy + r, y + (m + 1) * ldy + r, K, pf0, pf1);
+  }
   if (m < M) four_by_one(wr, x + m * K, y + m * ldy + r, K);
 }
 
@@ -88,7 +103,7 @@ inline void row_groups(const float* x, const float* w, float* y, int64_t M, int6
     const int64_t r = 4 * g;
     const int64_t left = N - r;
     if (left >= 4) {
-      four_rows(w, x, y, M, K, ldw, ldy, r);
+      four_rows(w, x, y, M, K, N, ldw, ldy, r);
     } else {
       for (int64_t i = 0; i < left; ++i) one_row(w, x, y, M, K, ldw, ldy, r + i);
     }
