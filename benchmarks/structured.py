@@ -11,7 +11,8 @@ On the demo model (152k vocabulary), ``--rows`` rows x ``--max-tokens`` greedy t
     ``--reps`` alternating repetitions, the median ratio reported with min and max (target:
     within 10%);
   * the engine's first constrained request, which builds the tokenizer view;
-  * the per-step cost split: mask filling (llguidance) and mask applying (our kernel, and the
+  * the per-step cost split: mask filling (llguidance, with the lazy picks' checks) and the share of
+    greedy tokens picked without a mask (``structured/lazy.py``), mask applying (our kernel, and the
     libraries' own CPU kernels for comparison);
   * compile time per schema (after the one-off tokenizer view, also reported);
   * well-formedness: choice, regex and schema rows that finish with "stop" match / validate.
@@ -100,17 +101,19 @@ SCHEMAS_TO_COMPILE = {"long": LONG_SCHEMA, "bounded": BOUNDED_SCHEMA, "check": C
                           "required": ["user", "items"]}}
 
 
-def timed_run(engine: Engine, prompts: list[str], params: SamplingParams) -> tuple[float, int, float]:
-    """(wall seconds, generated tokens, mask-fill seconds) of one generate call."""
+def timed_run(engine: Engine, prompts: list[str], params: SamplingParams) -> tuple[float, int, float, int]:
+    """(wall seconds, generated tokens, mask-fill seconds, greedy rows picked without their
+    mask) of one generate call."""
     structured = engine.executor.structured
-    fill_before = structured.mask_s
+    fill_before, lazy_before = structured.mask_s, structured.lazy_picks
     start = time.perf_counter()
     outputs = engine.generate(prompts, params)
     wall = time.perf_counter() - start
     bad = [o for o in outputs if o.error]
     if bad:
         raise RuntimeError(f"benchmark row failed: {bad[0].error}")
-    return wall, sum(o.num_generated_tokens for o in outputs), structured.mask_s - fill_before
+    return (wall, sum(o.num_generated_tokens for o in outputs), structured.mask_s - fill_before,
+            structured.lazy_picks - lazy_before)
 
 
 def _maxlength(length: int) -> dict:
@@ -144,7 +147,7 @@ def per_token(args, engine: Engine, prompts: list[str]) -> dict:
     for name, params_of in runs.items():  # warm-up: kernels, the tokenizer view, the warm grammars
         params = params_of(-1)
         engine.generate(prompts[:4], params[:4] if isinstance(params, list) else params)
-    samples: dict[str, list[tuple[float, int, float]]] = {name: [] for name in runs}
+    samples: dict[str, list[tuple[float, int, float, int]]] = {name: [] for name in runs}
     for rep in range(args.reps):
         order = list(runs) if rep % 2 == 0 else list(reversed(runs))
         for name in order:
@@ -152,12 +155,14 @@ def per_token(args, engine: Engine, prompts: list[str]) -> dict:
     result = {}
     steps = args.max_tokens  # one sampled token per row per step (prefill samples the first)
     for name, reps in samples.items():
-        ms_per_token = [1e3 * wall / tokens for wall, tokens, _ in reps]
+        ms_per_token = [1e3 * wall / tokens for wall, tokens, _, _ in reps]
         result[name] = {
             "ms_per_token": ms_per_token,
             "median_ms_per_token": statistics.median(ms_per_token),
             "tokens": reps[0][1],
-            "fill_ms_per_step": statistics.median(1e3 * fill / steps for _, _, fill in reps),
+            "fill_ms_per_step": statistics.median(1e3 * fill / steps for _, _, fill, _ in reps),
+            # the share of tokens picked from the argmax without filling a mask (greedy rows)
+            "lazy_pick_share": statistics.median(lazy / tokens for _, tokens, _, lazy in reps),
         }
     for name in CONSTRAINED_RUNS:
         ratios = [c / u for c, u in zip(result[name]["ms_per_token"], result["unconstrained"]["ms_per_token"])]
@@ -290,7 +295,8 @@ def main() -> None:
         ratio = pt[name].get("ratio_vs_unconstrained")
         print(f"  {name:22s} {pt[name]['median_ms_per_token']:.3f} ms/token"
               + (f"  {ratio:.3f}x unconstrained (min {min(pt[name]['ratios']):.3f}, max {max(pt[name]['ratios']):.3f});"
-                 f" mask fill {pt[name]['fill_ms_per_step']:.2f} ms/step" if ratio else ""))
+                 f" mask fill {pt[name]['fill_ms_per_step']:.2f} ms/step;"
+                 f" picked without a mask {100 * pt[name]['lazy_pick_share']:.0f}%" if ratio else ""))
     print("  apply (ms per step):", {k: (round(v, 2) if isinstance(v, float) else v) for k, v in result["apply"].items()})
     print("  compile:", {k: round(v, 3) for k, v in result["compile"].items()})
     print("  well formed:", result["well_formed"])

@@ -60,13 +60,14 @@ class GrammarGate:
         if seq in self.compiling:
             self.compiling.remove(seq)
 
-    def bitmask(self, sampling: list[Sequence]) -> tuple[list[int], Any]:
-        """Positions among ``sampling`` of the constrained rows, and their bitmasks (a row with a
-        speculative draft of k tokens has k + 1 consecutive mask rows)."""
+    def bitmask(self, sampling: list[Sequence]) -> tuple[list[int], Any, Any]:
+        """Positions among ``sampling`` of the constrained rows, their bitmasks (a row with a
+        speculative draft of k tokens has k + 1 consecutive mask rows) and the mask rows left
+        for a lazy greedy pick (``structured/lazy.py``), or None."""
         rows = [row for row, seq in enumerate(sampling) if seq.structured is not None]
         if not rows or self.structured is None:
-            return [], None
-        return rows, self.structured.bitmask([sampling[row] for row in rows])
+            return [], None, None
+        return rows, *self.structured.bitmask([sampling[row] for row in rows])
 
     def valid_draft(self, seq: Sequence, draft: list[int]) -> list[int]:
         """A constrained sequence's draft cut where its grammar would reject it or complete."""

@@ -156,7 +156,7 @@ class Scheduler(MigrateMethods):
                                       self.config.enable_chunked_prefill), swap_out, swap_in,
                               finished=finished)
         if self.grammars.structured is not None:
-            out.grammar_rows, out.grammar_bitmask = self.grammars.bitmask(out.sampling_seqs)
+            out.grammar_rows, out.grammar_bitmask, out.grammar_lazy = self.grammars.bitmask(out.sampling_seqs)
         if self.drafter is not None:
             out.num_mtp_drafts = self.drafter.lookahead(self.running)
         return out

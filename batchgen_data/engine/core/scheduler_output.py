@@ -31,6 +31,7 @@ class SchedulerOutput:
     # their bitmasks of allowed tokens (numpy [len(grammar_rows), ceil(V / 32)] int32).
     grammar_rows: list[int] = field(default_factory=list)
     grammar_bitmask: Any = None
+    grammar_lazy: Any = None  # ``structured.lazy.LazyGrammarRows``: mask rows left unfilled, or None
     # Taken out while scheduling (a grammar that failed): they finish as errors in ``update``.
     finished: list[Sequence] = field(default_factory=list)
     # Speculative decoding with an MTP layer: the most draft tokens the runner makes for each

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,6 +36,8 @@ class SamplingBatch:
     bitmask_rows: list[int] | None = None
     token_bitmask: np.ndarray | None = None
     bitmask_greedy: list[bool] | None = None  # per constrained row: it samples greedily
+    # Mask rows the scheduler left unfilled for a greedy pick from the argmax (``bitmask.LazyRows``).
+    bitmask_lazy: Any = None
     # Logprobs: the rows that asked, and how many top tokens each lists.
     logprob_rows: list[int] | None = None
     logprob_ks: list[int] | None = None
@@ -49,7 +52,7 @@ class SamplingBatch:
     def build(cls, temperatures: list[float], top_ps: list[float], top_ks: list[int], seeds: list[int],
               steps: list[int], device: torch.device | str = "cpu", bitmask_rows: list[int] | None = None,
               token_bitmask: np.ndarray | None = None, logprobs: list[int | None] | None = None,
-              processors: ProcessorRows | None = None) -> SamplingBatch:
+              processors: ProcessorRows | None = None, bitmask_lazy: Any = None) -> SamplingBatch:
         """From per-row Python values (one list per parameter, N each), the grammar masks of
         the constrained rows, each row's ``logprobs`` (None: not asked) and the asking rows'
         logits processors (``ProcessorRows.build``; None: no row asks)."""
@@ -71,6 +74,7 @@ class SamplingBatch:
             token_bitmask=token_bitmask,
             # A row whose logprobs are asked is masked whole: its logprobs see the masked logits;
             # so is a row a logits processor changes after the mask (its pick is made after it).
+            bitmask_lazy=bitmask_lazy if token_bitmask is not None else None,
             bitmask_greedy=None if token_bitmask is None else [
                 temperatures[r] == 0.0 and (logprobs is None or logprobs[r] is None) and r not in changed
                 for r in bitmask_rows],

@@ -27,11 +27,12 @@ words unpacked on the device with shifts.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
 
-from batchgen_data.engine.sample.kernels import native_for
+from batchgen_data.engine.sample.kernels import first_argmax_at, native_for
 
 _BIT_SHIFTS: dict[torch.device, torch.Tensor] = {}
 
@@ -42,6 +43,48 @@ class GrammarPicks:
 
     rows: torch.Tensor  # [k] int64
     tokens: torch.Tensor  # [k] int64
+
+
+class LazyRows(Protocol):
+    """Mask rows left unfilled for a greedy pick from the argmax (``structured/lazy.py``)."""
+
+    mask_rows: list[int]
+
+    def allows(self, i: int, token: int) -> bool: ...
+
+    def fill(self, i: int, bitmask: np.ndarray) -> None: ...
+
+
+def pick_lazily(logits: torch.Tensor, bitmask: np.ndarray, rows: list[int], greedy: list[bool] | None,
+                lazy: LazyRows) -> tuple[list[int], GrammarPicks | None]:
+    """The lazy rows' picks: a greedy row whose first maximum over all its logits its grammar
+    allows takes that token (the first maximum over the allowed tokens, which the mask would
+    give); every other lazy row gets its mask filled into ``bitmask`` now. Returns the mask rows
+    still to apply (``apply_token_bitmask``) and the picks."""
+    picked: set[int] = set()
+    pick_rows: list[int] = []
+    pick_tokens: list[int] = []
+    candidates = [i for i, mask_row in enumerate(lazy.mask_rows) if greedy is not None and greedy[mask_row]]
+    argmax = first_argmax_at(logits, [rows[lazy.mask_rows[i]] for i in candidates]).tolist() if candidates else []
+    tokens = dict(zip(candidates, argmax))
+    for i, mask_row in enumerate(lazy.mask_rows):
+        token = tokens.get(i)
+        if token is not None and lazy.allows(i, token):
+            picked.add(mask_row)
+            pick_rows.append(rows[mask_row])
+            pick_tokens.append(token)
+        else:
+            lazy.fill(i, bitmask)
+    keep = [i for i in range(len(rows)) if i not in picked]
+    picks = GrammarPicks(rows=torch.tensor(pick_rows, dtype=torch.int64),
+                         tokens=torch.tensor(pick_tokens, dtype=torch.int64)) if pick_rows else None
+    return keep, picks
+
+
+def merge_picks(a: GrammarPicks | None, b: GrammarPicks | None) -> GrammarPicks | None:
+    if a is None or b is None:
+        return a if b is None else b
+    return GrammarPicks(rows=torch.cat([a.rows, b.rows]), tokens=torch.cat([a.tokens, b.tokens]))
 
 
 def apply_token_bitmask(logits: torch.Tensor, bitmask: np.ndarray, rows: list[int],

@@ -97,6 +97,15 @@ def first_argmax(x: torch.Tensor) -> torch.Tensor:
     return starts + hit.int().argmax(dim=-1)  # the first hit (clamped repeats come after it)
 
 
+def first_argmax_at(x: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """``first_argmax(x[rows])`` (a host tensor), in one native call over the rows in place
+    where the native kernels are on."""
+    native = native_for(x) if x.shape[1] else None
+    if native is not None:
+        return native.first_argmax_at(x, rows)
+    return first_argmax(x[torch.tensor(rows, device=x.device)]).cpu()
+
+
 def native_for(logits: torch.Tensor):
     """The native kernels where the engine turned them on and ``logits`` is a contiguous fp32
     CPU tensor, else None (the torch and numpy paths)."""

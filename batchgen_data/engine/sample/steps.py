@@ -3,7 +3,9 @@
 NOTE: a step runs only when the batch has rows that ask for it (``applies``), so a batch of
 plain rows pays for none of them. The order is part of the semantics, as in vLLM's sampler:
   1. ``GrammarMask``     structured outputs: disallowed tokens of constrained rows get -inf
-                         (greedy rows that allow few tokens are picked here, with no write);
+                         (greedy rows that allow few tokens are picked here, with no write,
+                         and so are greedy rows whose argmax their grammar allows: their
+                         masks are filled only if it does not, ``structured/lazy.py``);
                          vLLM applies the grammar's bitmask before its sampler, too;
   2. ``KeepRawLogits``   logprob rows a processor below changes: a copy of their logits now
                          (vLLM's ``raw_logprobs``: before processors and penalties);
@@ -26,7 +28,7 @@ from typing import Any, Protocol
 import torch
 
 from batchgen_data.engine.sample.batch import SamplingBatch
-from batchgen_data.engine.sample.bitmask import apply_token_bitmask
+from batchgen_data.engine.sample.bitmask import apply_token_bitmask, merge_picks, pick_lazily
 from batchgen_data.engine.sample.kernels import argmax_from_block_max, sample
 from batchgen_data.engine.sample.logprob_capture import BLOCK as LOGPROB_BLOCK
 from batchgen_data.engine.sample.logprob_capture import row_stats, token_logprobs
@@ -61,8 +63,15 @@ class GrammarMask:
         return batch.token_bitmask is not None
 
     def __call__(self, state: SamplingState, batch: SamplingBatch) -> None:
-        state.forced = apply_token_bitmask(state.logits, batch.token_bitmask, batch.bitmask_rows,
-                                           batch.bitmask_greedy)
+        rows, words, greedy = batch.bitmask_rows, batch.token_bitmask, batch.bitmask_greedy
+        lazy_picks = None
+        if batch.bitmask_lazy is not None:  # greedy rows picked from their argmax, or filled now
+            keep, lazy_picks = pick_lazily(state.logits, words, rows, greedy, batch.bitmask_lazy)
+            if len(keep) < len(rows):
+                rows, words = [rows[i] for i in keep], words[keep]
+                greedy = None if greedy is None else [greedy[i] for i in keep]
+        forced = apply_token_bitmask(state.logits, words, rows, greedy) if rows else None
+        state.forced = merge_picks(forced, lazy_picks)
 
 
 class KeepRawLogits:

@@ -7,7 +7,8 @@ NOTE: a constrained sequence's life here:
            matcher in the start state, advanced over the tokens it has already generated (an
            imported or resumed sequence continues where it was; nothing is lost or repeated);
   bitmask  each step it samples: one int32 row of allowed tokens (bit t of word t // 32),
-           filled for all constrained rows on the scheduler's thread;
+           filled on the scheduler's thread, except for a greedy row the sampler may pick
+           from its argmax without the mask (``lazy.py``), which it fills only if needed;
   accept   each sampled token advances the matcher; once the grammar can go no further the
            sequence finishes with ``"stop"``.
 The matcher lives on the ``Sequence`` (``seq.structured``), so suspension with swap or
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from batchgen_data.engine.structured.compiler import GrammarCompiler
+from batchgen_data.engine.structured.lazy import LazyGrammarRows
 from batchgen_data.engine.structured.request import StructuredRequest
 from batchgen_data.errors import BatchGenError
 
@@ -38,11 +40,16 @@ class StructuredOutputManager:
         tokenizer_folder, vocab_size, eos_token_ids, hf_tokenizer: the model's (``GrammarCompiler``).
     """
 
+    lazy_greedy = True  # leave greedy rows' masks unfilled where a lazy pick is likely (lazy.py)
+
     def __init__(self, tokenizer_folder: str | Path, vocab_size: int, eos_token_ids: frozenset[int],
                  hf_tokenizer=None):
         self.compiler = GrammarCompiler(tokenizer_folder, vocab_size, eos_token_ids, hf_tokenizer)
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
         self.num_words = (vocab_size + 31) // 32
-        self.mask_s = 0.0  # seconds spent filling masks (the benchmark's per-step mask time)
+        self.mask_s = 0.0  # seconds spent filling and checking masks (the benchmark's per-step mask time)
+        self.lazy_picks = 0  # greedy rows picked without their mask
 
     def attach(self, seq: Sequence) -> None:
         """Start compiling the sequence's grammar (no-op for an unconstrained one)."""
@@ -98,10 +105,11 @@ class StructuredOutputManager:
             matcher.rollback(consumed)
         return draft[:kept]
 
-    def bitmask(self, seqs: list[Sequence]) -> np.ndarray:
+    def bitmask(self, seqs: list[Sequence]) -> tuple[np.ndarray, LazyGrammarRows | None]:
         """[rows, ceil(V / 32)] int32: each ready sequence's allowed next tokens; a sequence
         with a speculative draft of k tokens gets k + 1 rows, the j-th after the draft's first
-        j tokens (the matcher is rolled back after).
+        j tokens (the matcher is rolled back after). The rows left unfilled for a lazy greedy
+        pick (``lazy.py``) come second, or None.
 
         Filled on this thread, row by row: llguidance's parallel fill hands the rows to a rayon
         pool whose threads spin after the work and slow the forward that follows (2.3 ms more
@@ -111,10 +119,26 @@ class StructuredOutputManager:
 
         start = time.perf_counter()
         mask = np.empty((sum(1 + len(seq.draft_token_ids) for seq in seqs), self.num_words), dtype=np.int32)
+        lazy_rows: list[int] = []
+        lazy_requests = []
+        filled: list[tuple[int, object]] = []  # (row, request) of rows that may go lazy next step
         row = 0
         for seq in seqs:
-            matcher = seq.structured.matcher
+            request = seq.structured
+            matcher = request.matcher
+            greedy = (self.lazy_greedy and not seq.draft_token_ids and seq.params.temperature == 0.0
+                      and seq.params.logprobs is None)
+            if greedy and request.lazy:
+                lazy_rows.append(row)
+                lazy_requests.append(request)
+                row += 1
+                continue
             llg_numpy.fill_next_token_bitmask(matcher, mask, row)
+            if greedy:
+                if request.lazy_wait > 0:
+                    request.lazy_wait -= 1
+                else:
+                    filled.append((row, request))
             row += 1
             for token in seq.draft_token_ids:
                 if not matcher.consume_token(token):
@@ -123,8 +147,23 @@ class StructuredOutputManager:
                 row += 1
             if seq.draft_token_ids:
                 matcher.rollback(len(seq.draft_token_ids))
+        if filled:  # a dense mask: the next step may pick from the argmax
+            self._note_density([r for r, _ in filled], [q for _, q in filled], mask)
         self.mask_s += time.perf_counter() - start
-        return mask
+        return mask, (LazyGrammarRows(lazy_rows, lazy_requests, self) if lazy_rows else None)
+
+    def fill_row(self, request, mask: np.ndarray, row: int) -> None:
+        """A lazy row's mask after all (its argmax was not allowed), into ``mask[row]``."""
+        import llguidance.numpy as llg_numpy
+
+        start = time.perf_counter()
+        llg_numpy.fill_next_token_bitmask(request.matcher, mask, row)
+        self.mask_s += time.perf_counter() - start
+
+    def _note_density(self, rows: list[int], requests: list, mask: np.ndarray) -> None:
+        allowed = np.bitwise_count(mask[rows].view(np.uint32)).sum(axis=1)  # one pass over the filled rows
+        for request, count in zip(requests, allowed.tolist()):
+            request.lazy = 2 * count >= self.vocab_size
 
     @staticmethod
     def accept(seq: Sequence, token: int) -> str | None:

@@ -15,6 +15,11 @@ class StructuredRequest:
     future: Future
     matcher: Any = None  # llguidance.LLMatcher once ready
     error: str | None = None
+    # Lazy greedy picks (``lazy.py``): whether the next step may leave this row's mask unfilled,
+    # the steps it is filled before that may be tried again, and the current back-off.
+    lazy: bool = False
+    lazy_wait: int = 0
+    lazy_backoff: int = 0
 
     @property
     def is_ready(self) -> bool:

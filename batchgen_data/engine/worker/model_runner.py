@@ -131,7 +131,7 @@ class ModelRunner:
             logits = self.model.compute_logits(states)  # [N, V]
             sampling, offsets, grammar_rows = _sampling_rows(out.sampling_seqs, out.grammar_rows)
             result.req_ids = [s.request_id for s in sampling]
-            batch = _sampling_batch(sampling, device, grammar_rows, out.grammar_bitmask, offsets)
+            batch = _sampling_batch(sampling, device, grammar_rows, out.grammar_bitmask, offsets, out.grammar_lazy)
             sampled = self.sampler(logits, batch)
             result.sampled_token_ids = sampled.token_ids.tolist()
             result.logprobs = sampled.logprobs
@@ -302,7 +302,7 @@ def _sampling_rows(seqs: list[Sequence], grammar_rows: list[int]) -> tuple[list[
 
 
 def _sampling_batch(seqs: list[Sequence], device: torch.device, grammar_rows: list[int],
-                    grammar_bitmask, offsets: list[int] | None = None) -> SamplingBatch:
+                    grammar_bitmask, offsets: list[int] | None = None, grammar_lazy=None) -> SamplingBatch:
     return SamplingBatch.build(
         temperatures=[s.params.temperature for s in seqs],
         top_ps=[s.params.top_p for s in seqs],
@@ -313,6 +313,7 @@ def _sampling_batch(seqs: list[Sequence], device: torch.device, grammar_rows: li
         device=device,
         bitmask_rows=grammar_rows,
         token_bitmask=grammar_bitmask,
+        bitmask_lazy=grammar_lazy,
         logprobs=[s.params.logprobs for s in seqs] if any(s.params.logprobs is not None for s in seqs) else None,
         processors=ProcessorRows.of(seqs),  # None unless a row asks for a logits processor or penalty
     )

@@ -1,7 +1,8 @@
 // Greedy sampling's argmax on logits rows: the first maximum of each row (NaN counts as the
 // maximum, the first NaN wins, as torch.argmax and transformers' greedy search pick it). Each
 // row is read once as vectors for its maximum (and whether it holds a NaN), then searched from
-// cache for the first position holding that value. One native call replaces the ~12 torch ops
+// cache, as vectors, for the first position holding that value (a scalar search took ~40 us of a
+// 152k-token row where the maximum lies late). One native call replaces the ~12 torch ops
 // of the block search, which cost ~0.2 ms a step at one sequence.
 #include <algorithm>
 #include <cmath>
@@ -31,7 +32,12 @@ int64_t first_max(const float* row, int64_t V) {
     for (int64_t j = 0; j < V; ++j)
       if (std::isnan(row[j])) return j;
   }
-  for (int64_t j = 0; j < V; ++j)
+  // The first position holding the maximum, a vector of the row (now in cache) at a time.
+  for (int64_t j = 0; j < nv; j += kWidth) {
+    const uint32_t hit = vmask_eq(vload(row + j), best);
+    if (hit != 0) return j + __builtin_ctz(hit);
+  }
+  for (int64_t j = nv; j < V; ++j)
     if (row[j] == best) return j;
   return 0;  // unreachable: the maximum is in the row
 }
@@ -42,5 +48,14 @@ bool first_argmax_rows(const float* x, int64_t n, int64_t V, int64_t* out) {
   if (V <= 0) return false;
 #pragma omp parallel for schedule(static) if (n > 1)
   for (int64_t i = 0; i < n; ++i) out[i] = first_max(x + i * V, V);
+  return true;
+}
+
+bool first_argmax_at(const float* x, int64_t num_rows, int64_t V, const int64_t* rows, int64_t n, int64_t* out) {
+  if (V <= 0) return false;
+  for (int64_t i = 0; i < n; ++i)
+    if (rows[i] < 0 || rows[i] >= num_rows) return false;
+#pragma omp parallel for schedule(static) if (n > 1)
+  for (int64_t i = 0; i < n; ++i) out[i] = first_max(x + rows[i] * V, V);
   return true;
 }

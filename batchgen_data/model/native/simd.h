@@ -19,6 +19,7 @@ inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
 inline vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
 inline float vmaxall(vec v) { return _mm512_reduce_max_ps(v); }
 inline bool vhasnan(vec v) { return _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) != 0; }
+inline uint32_t vmask_eq(vec v, float s) { return _mm512_cmp_ps_mask(v, _mm512_set1_ps(s), _CMP_EQ_OQ); }
 // max(acc, v) in the lanes whose bit of `bits` is set, acc elsewhere (lane i: bit i).
 inline vec vmax_masked(vec acc, vec v, uint32_t bits) { return _mm512_mask_max_ps(acc, static_cast<__mmask16>(bits), acc, v); }
 inline vec vround(vec v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
@@ -50,6 +51,9 @@ inline float vmaxall(vec v) {
   return _mm_cvtss_f32(m);
 }
 inline bool vhasnan(vec v) { return _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)) != 0; }
+inline uint32_t vmask_eq(vec v, float s) {
+  return static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_set1_ps(s), _CMP_EQ_OQ)));
+}
 inline vec vmax_masked(vec acc, vec v, uint32_t bits) {
   const __m256i lane_bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
   const __m256i on = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(static_cast<int>(bits)), lane_bits), lane_bits);
@@ -73,6 +77,7 @@ inline vec vsub(vec a, vec b) { return a - b; }
 inline vec vmax(vec a, vec b) { return a > b ? a : b; }
 inline float vmaxall(vec v) { return v; }
 inline bool vhasnan(vec v) { return v != v; }
+inline uint32_t vmask_eq(vec v, float s) { return v == s ? 1u : 0u; }
 inline vec vmax_masked(vec acc, vec v, uint32_t bits) { return (bits & 1u) && v > acc ? v : acc; }
 inline vec vround(vec v) { return __builtin_nearbyintf(v); }
 inline vec vpow2i(vec n) { return __builtin_ldexpf(1.f, static_cast<int>(n)); }
