@@ -161,9 +161,12 @@ class StructuredOutputManager:
         self.mask_s += time.perf_counter() - start
 
     def _note_density(self, rows: list[int], requests: list, mask: np.ndarray) -> None:
-        allowed = np.bitwise_count(mask[rows].view(np.uint32)).sum(axis=1)  # one pass over the filled rows
+        """Whether each filled row allowed at least half the vocabulary, estimated from every
+        8th word (a choice of which rows to check lazily: it never changes a token)."""
+        sample = mask[:, ::8].view(np.uint32)  # a view: no copy of the rows
+        allowed = np.bitwise_count(sample[rows]).sum(axis=1)
         for request, count in zip(requests, allowed.tolist()):
-            request.lazy = 2 * count >= self.vocab_size
+            request.lazy = 2 * count * 8 >= self.vocab_size
 
     @staticmethod
     def accept(seq: Sequence, token: int) -> str | None:
