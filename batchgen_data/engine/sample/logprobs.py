@@ -10,7 +10,7 @@ vLLM's default ``raw_logprobs``; for a constrained row, after its grammar mask, 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -33,7 +33,9 @@ class TokenLogprobs:
     logprobs: list[float]
     ranks: list[int]
 
-    def to_dict(self, decode: Callable[[int], str] | None = None) -> dict[int, Logprob]:
-        """``{token_id: Logprob}`` in this order (vLLM's per-position dict)."""
-        return {t: Logprob(lp, r, None if decode is None else decode(t))
-                for t, lp, r in zip(self.token_ids, self.logprobs, self.ranks)}
+    def to_dict(self, texts: Mapping[int, str] | None = None) -> dict[int, Logprob]:
+        """``{token_id: Logprob}`` in this order (vLLM's per-position dict); ``texts`` gives each
+        token's ``decoded_token``."""
+        if texts is None:
+            return {t: Logprob(lp, r) for t, lp, r in zip(self.token_ids, self.logprobs, self.ranks)}
+        return {t: Logprob(lp, r, texts[t]) for t, lp, r in zip(self.token_ids, self.logprobs, self.ranks)}
