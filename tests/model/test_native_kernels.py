@@ -14,14 +14,6 @@ from batchgen_data.model.gemm_tuning import GemmPlan, tune
 from batchgen_data.model.native import ENV_SWITCH, load_native
 
 
-@pytest.fixture(scope="module")
-def native():
-    module = load_native()
-    if module is None:
-        pytest.skip("the native kernels do not build here (no C++ compiler or torch headers)")
-    return module
-
-
 @settings(max_examples=40, deadline=None)
 @given(rows=st.integers(1, 33), n=st.integers(1, 70), k=st.integers(1, 300), seed=st.integers(0, 2**16))
 def test_skinny_linear_matches_a_matmul(native, rows, n, k, seed):

@@ -119,7 +119,7 @@ bool moe_block_decode(const float* h, float* h_out, int64_t T, int64_t H, const 
     }
   }
   // The routes grouped by expert in ascending id, tokens in order within each (as the
-  // expert-sorted routes of the torch path), then every expert in one parallel region.
+  // expert-sorted routes of the torch path), then every expert in two parallel regions.
   std::vector<int64_t> starts{0}, rows, token_of;
   std::vector<float> route_w, xs;
   token_of.reserve(static_cast<size_t>(T * K));

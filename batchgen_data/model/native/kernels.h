@@ -17,7 +17,7 @@ bool swiglu_experts_into(const float* x, float* y, int64_t R, int64_t H, int64_t
                          const int64_t* rows, int64_t num_used, const float* w_gate_up, const float* w_down,
                          int64_t num_rows);
 
-// The routed experts of one MoE layer in one parallel region: acc [T, H] = the sum over routes
+// The routed experts of one MoE layer: acc [T, H] = the sum over routes
 // (token token_of[r], weight route_w[r]) of the weight times the SwiGLU expert of x_sorted [R, H]
 // row r, the rows grouped by expert (segment i = starts[i] .. starts[i+1], weight row rows[i] of
 // w_gate_up [*, 2F, H] and w_down [*, H, F]). Two parallel regions for the whole layer, not two
