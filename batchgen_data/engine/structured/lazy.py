@@ -22,16 +22,23 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from batchgen_data.engine.structured.request import StructuredRequest
 
-if TYPE_CHECKING:
-    from batchgen_data.engine.structured.manager import StructuredOutputManager
-
 MAX_BACKOFF = 32  # steps a row is filled after a miss, at most
+
+
+class MaskOwner(Protocol):
+    """What the rows need of the manager that left them unfilled (``StructuredOutputManager``)."""
+
+    eos_token_ids: frozenset[int]
+    mask_s: float
+    lazy_picks: int
+
+    def fill_row(self, request: StructuredRequest, mask: np.ndarray, row: int) -> None: ...
 
 
 @dataclass(slots=True, eq=False)
@@ -41,7 +48,7 @@ class LazyGrammarRows:
 
     mask_rows: list[int]
     requests: list[StructuredRequest]
-    manager: StructuredOutputManager
+    manager: MaskOwner
 
     def allows(self, i: int, token: int) -> bool:
         """Whether row ``i``'s mask would allow ``token`` (its greedy argmax), told without the
