@@ -283,8 +283,10 @@ def test_removing_a_ranks_node_mid_job_ends_its_group_and_keeps_every_row_once(c
     surviving rank's collective fails, the group ends (no rank left), the actor exits and Ray
     Data restarts it (a new group on the nodes left), and every row comes out exactly once."""
     folder, _ = mixtral
+    # Enough tokens that rows are still left when the node goes: with 8-32 tokens a row, a faster
+    # decode step finished the whole job first on a loaded machine (no group left to restart).
     rows = [{"id": i, "prompt": f"Row {i}: summarise order {i * 13}.",
-             "sampling_params": {"max_tokens": 8 + 24 * (i % 4 == 0), "ignore_eos": True}} for i in range(24)]
+             "sampling_params": {"max_tokens": 24 + 72 * (i % 4 == 0), "ignore_eos": True}} for i in range(24)]
     expected = _reference(folder, rows)
     engine_config = {"block_size": 8, "max_num_seqs": 2, "expert_parallel_size": 2, "rank_timeout_s": 30,
                      **ON_TWO_NODES}
