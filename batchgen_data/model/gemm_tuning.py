@@ -12,8 +12,8 @@ few rows a GEMM is bound by reading its weight from memory, so the pass streams 
 shape's weights as a decode step does, copying a shape's weights where the model has fewer (a
 hot-cache microbenchmark of one weight can favour a kernel that is slower in place); with many
 rows it is compute bound and one weight per shape suffices. The best of three passes counts,
-and each call's output is made row-major as its consumers need. The plan is cached per machine, torch version, thread count and shape set, so a
-process tunes once (~2-4 s for a 200 M-parameter model) and later ones load it. A plan records
+and each call's output is made row-major as its consumers need. The plan is cached per machine,
+torch version, thread count and shape set, so a process tunes once (~2-4 s for a 200 M-parameter model) and later ones load it. A plan records
 how loaded the machine was while it was measured; one measured under load is measured again,
 and replaced, by the first process that finds the machine quiet (``load_or_tune``).
 """

@@ -73,8 +73,8 @@ def first_argmax(x: torch.Tensor) -> torch.Tensor:
 
     Where the engine turned the native kernels on (fp32, CPU) it is one native call
     (``model/native/argmax.cpp``). Otherwise, on CPU over a long row it goes through block
-    maxima: ``amax`` over blocks of ``_ARGMAX_BLOCK`` tokens is one fast reduction, the first block holding the row's maximum holds its first
-    occurrence, and only that block is searched; ``max(dim).indices`` over 64 rows of a 152k
+    maxima: ``amax`` over blocks of ``_ARGMAX_BLOCK`` tokens is one fast reduction, the first
+    block holding the row's maximum holds its first occurrence, and only that block is searched; ``max(dim).indices`` over 64 rows of a 152k
     vocabulary takes ~5-7 ms on a 2-core EPYC, this ~1 ms. Elsewhere (and on short rows)
     ``max(dim).indices``, which has the same documented semantics and beats ``argmax`` 3-4x.
     """

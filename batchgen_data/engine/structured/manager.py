@@ -120,8 +120,8 @@ class StructuredOutputManager:
         start = time.perf_counter()
         mask = np.empty((sum(1 + len(seq.draft_token_ids) for seq in seqs), self.num_words), dtype=np.int32)
         lazy_rows: list[int] = []
-        lazy_requests = []
-        filled: list[tuple[int, object]] = []  # (row, request) of rows that may go lazy next step
+        lazy_requests: list[StructuredRequest] = []
+        filled: list[tuple[int, StructuredRequest]] = []  # rows that may go lazy next step
         row = 0
         for seq in seqs:
             request = seq.structured
@@ -148,11 +148,11 @@ class StructuredOutputManager:
             if seq.draft_token_ids:
                 matcher.rollback(len(seq.draft_token_ids))
         if filled:  # a dense mask: the next step may pick from the argmax
-            self._note_density([r for r, _ in filled], [q for _, q in filled], mask)
+            self._note_density(filled, mask)
         self.mask_s += time.perf_counter() - start
         return mask, (LazyGrammarRows(lazy_rows, lazy_requests, self) if lazy_rows else None)
 
-    def fill_row(self, request, mask: np.ndarray, row: int) -> None:
+    def fill_row(self, request: StructuredRequest, mask: np.ndarray, row: int) -> None:
         """A lazy row's mask after all (its argmax was not allowed), into ``mask[row]``."""
         import llguidance.numpy as llg_numpy
 
@@ -160,12 +160,12 @@ class StructuredOutputManager:
         llg_numpy.fill_next_token_bitmask(request.matcher, mask, row)
         self.mask_s += time.perf_counter() - start
 
-    def _note_density(self, rows: list[int], requests: list, mask: np.ndarray) -> None:
-        """Whether each filled row allowed at least half the vocabulary, estimated from every
-        8th word (a choice of which rows to check lazily: it never changes a token)."""
+    def _note_density(self, filled: list[tuple[int, StructuredRequest]], mask: np.ndarray) -> None:
+        """Whether each filled (row, request) allowed at least half the vocabulary, estimated from
+        every 8th word (a choice of which rows to check lazily: it never changes a token)."""
         sample = mask[:, ::8].view(np.uint32)  # a view: no copy of the rows
-        allowed = np.bitwise_count(sample[rows]).sum(axis=1)
-        for request, count in zip(requests, allowed.tolist()):
+        allowed = np.bitwise_count(sample[[row for row, _ in filled]]).sum(axis=1)
+        for (_, request), count in zip(filled, allowed.tolist()):
             request.lazy = 2 * count * 8 >= self.vocab_size
 
     @staticmethod
