@@ -49,8 +49,8 @@ class OutputBuilder:
         )
 
 class _TokenTexts(dict):
-    """token id -> its text, decoded on first use (a plain dict lookup after: 64 rows x 6
-    logprob tokens a step made a method call per token ~2% of a logprobs step)."""
+    """token id -> its text, decoded on first use (a plain dict lookup after, where a method
+    call per logprob token ran for every row and step)."""
 
     def __init__(self, tokenizer: PromptTokenizer):
         super().__init__()

@@ -65,8 +65,8 @@ inline void four_by_one(const float* const* wr, const float* x0, float* y0, int6
 // y[:, r .. r+4] for every x row: the four w rows (4 K floats) stay in L1 while the x rows pass.
 // w's rows are ldw floats apart, y's rows ldy. With 4 or more x rows the group computes longer
 // than memory takes to bring the next four w rows, and the hardware prefetcher does not run that
-// far ahead: the pairs of x rows prefetch the next group's rows between them (the LM head of 16
-// rows: 1.41 -> 1.21 ms from memory, Xeon). With fewer rows the step is bound by memory anyway.
+// far ahead: the pairs of x rows prefetch the next group's rows between them (decode steps of
+// 16-32 sequences, benchmarks/decode_steps.py). With fewer rows the step is bound by memory anyway.
 inline void four_rows(const float* w, const float* x, float* y, int64_t M, int64_t K, int64_t N, int64_t ldw,
                       int64_t ldy, int64_t r) {
   const float* wr[4] = {w + r * ldw, w + (r + 1) * ldw, w + (r + 2) * ldw, w + (r + 3) * ldw};
