@@ -27,6 +27,9 @@ class OutputBuilder:
             if done.stop_text_len is not None:
                 text = text[: done.stop_text_len]
         first_token_s = handle.first_token_s if handle.first_token_s is not None else now_s if tokens else None
+        for entries in (done.logprobs, done.prompt_logprobs):
+            if entries:
+                self._token_texts.prefetch(entries)
         return GenerationOutput(
             request_id=handle.request_id,
             token_ids=list(tokens),
@@ -50,12 +53,19 @@ class OutputBuilder:
 
 class _TokenTexts(dict):
     """token id -> its text, decoded on first use (a plain dict lookup after, where a method
-    call per logprob token ran for every row and step)."""
+    call per logprob token ran for every row and step); ``prefetch`` decodes the ids a request
+    needs that are not here yet in one call."""
 
     def __init__(self, tokenizer: PromptTokenizer):
         super().__init__()
         self.tokenizer = tokenizer
 
+    def prefetch(self, entries: list) -> None:
+        """Decodes the token ids of ``entries`` (``TokenLogprobs`` or None) not known yet."""
+        missing = list({t for e in entries if e is not None for t in e.token_ids if t not in self})
+        if missing:
+            self.update(zip(missing, self.tokenizer.decode_each(missing)))
+
     def __missing__(self, token_id: int) -> str:
-        text = self[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        text = self[token_id] = self.tokenizer.decode_each([token_id])[0]
         return text

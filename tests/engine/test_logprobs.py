@@ -13,6 +13,7 @@ from batchgen_data.engine.core.sequence import SequenceStatus
 from batchgen_data.errors import ConfigError
 from batchgen_data.model import MoEModel
 from batchgen_data.model.kv_cache import KVCache
+from batchgen_data.model.native import active_native
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 40, 41], [20, 21, 22], list(range(30, 62)), [100, 7, 300, 42, 17, 99]]
 MAX_NEW = 6
@@ -57,6 +58,49 @@ def test_logprobs_and_prompt_logprobs_match_transformers(tiny_checkpoint, arch):
         assert len(out.prompt_logprobs) == len(prompt) and out.prompt_logprobs[0] is None
         for j in range(1, len(prompt)):
             _check_position(out.prompt_logprobs[j], reference[j - 1], prompt[j], 2)
+
+
+@pytest.fixture(params=["native", "torch"])
+def kernels(request, monkeypatch):
+    """The engine with its native kernels (one read of each logits row for the capture) or with
+    torch's passes only."""
+    from batchgen_data.model import native
+
+    if request.param == "torch":
+        monkeypatch.setenv(native.ENV_SWITCH, "0")
+    native.load_native.cache_clear()
+    yield request.param
+    native.load_native.cache_clear()
+    native.use_native_kernels(False)
+
+
+def test_logprobs_match_transformers_in_every_mode(tiny_checkpoint, kernels):
+    """One batch mixing every way a row asks: greedy and seeded sampling, k = 0, 5 and 20, a
+    row without logprobs, and a row whose logit_bias changes its sampling but not its logprobs
+    (vLLM's raw logprobs); then a batch of greedy rows only (the argmax and the capture in one
+    read of each row). Every value against transformers' log-softmax."""
+    folder, hf = tiny_checkpoint("qwen3_moe")
+    prompts = PROMPTS + [[9, 8, 7, 6]]
+    mixed = [_params(logprobs=5, temperature=0.9, seed=3, prompt_logprobs=None),
+             _params(logprobs=0, prompt_logprobs=None),
+             SamplingParams(max_tokens=MAX_NEW, temperature=0, ignore_eos=True),
+             _params(logprobs=2, logit_bias={11: 5.0, 12: -3.0}, prompt_logprobs=None),
+             _params(logprobs=20, temperature=0.7, seed=11, prompt_logprobs=5)]
+    with Engine(folder, EngineConfig(block_size=8)) as engine:
+        assert (active_native() is not None) == (kernels == "native")
+        outs = engine.generate(prompts, mixed)
+        greedy = engine.generate(prompts, _params(logprobs=4, prompt_logprobs=None))
+    rows = [*((p, o, params.logprobs) for p, o, params in zip(prompts, outs, mixed)),
+            *((p, o, 4) for p, o in zip(prompts, greedy))]
+    for prompt, out, k in rows:
+        if k is None:
+            assert out.logprobs is None
+            continue
+        reference = _hf_logprobs(hf, prompt, out.token_ids)
+        for i, (token, entry) in enumerate(zip(out.token_ids, out.logprobs)):
+            _check_position(entry, reference[len(prompt) - 1 + i], token, k)
+    for j in range(1, len(prompts[4])):
+        _check_position(outs[4].prompt_logprobs[j], _hf_logprobs(hf, prompts[4], [])[j - 1], prompts[4][j], 5)
 
 
 def _collect(outs) -> list:

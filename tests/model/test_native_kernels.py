@@ -266,67 +266,73 @@ def test_the_fused_decode_blocks_match_the_torch_path(native, tiny_checkpoint, a
         use_native_kernels(was)
 
 
-@settings(max_examples=25, deadline=None)
-@given(rows=st.integers(1, 5), vocab=st.integers(1, 40000), masked=st.floats(0.0, 0.99), scale=st.floats(0.1, 80.0),
-       seed=st.integers(0, 2**16))
-def test_logit_row_stats_match_torch(native, rows, vocab, masked, scale, seed):
-    """Block maxima exactly, log sum exp within float rounding, over vocabularies that leave a
-    tail outside the blocks, with masked (-inf) logits and logits far from 0 (no shift is safe)."""
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 5), vocab=st.integers(1, 40000), k=st.integers(1, 24), masked=st.floats(0.0, 0.99),
+       scale=st.floats(0.1, 80.0), ties=st.booleans(), given_tokens=st.booleans(), seed=st.integers(0, 2**16))
+def test_logit_topk_matches_torch(native, rows, vocab, k, masked, scale, ties, given_tokens, seed):
+    """Log sum exp within float rounding; the top k, the chosen token and its rank exactly, over
+    vocabularies that leave a tail outside the blocks, with masked (-inf) logits, logits far
+    from 0 (no shift is safe) and many equal logits (the smaller token id first)."""
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(rows, vocab, generator=g) * scale + scale
+    if ties:
+        logits = logits.round()
     logits[torch.rand(rows, vocab, generator=g) < masked] = float("-inf")
     logits[:, 0] = torch.randn(rows, generator=g)  # every row keeps one finite logit
-    block = 64
-    block_max, log_norm = native.logit_row_stats(logits, block)
-    blocks = vocab // block
-    assert torch.equal(block_max, logits[:, :blocks * block].reshape(rows, blocks, block).amax(dim=-1))
-    torch.testing.assert_close(log_norm, torch.logsumexp(logits.double(), dim=-1, keepdim=True).float(),
+    if seed % 3 == 0:
+        logits[:, -1] = 1000.0  # the tail's last token is the maximum
+    k = min(k, vocab)
+    chosen = torch.randint(0, vocab, (rows,), generator=g) if given_tokens else None
+    top = native.logit_topk(logits, k, chosen)
+    torch.testing.assert_close(top.log_norm, torch.logsumexp(logits.double(), dim=-1).float(),
                                rtol=2e-5, atol=2e-5)  # the portable (non-AVX) build sums serially
+    for i in range(rows):  # torch.topk does not order ties: a stable sort does (value down, id up)
+        order = torch.sort(logits[i], descending=True, stable=True).indices[:k]
+        finite = logits[i, order].isfinite()  # -inf ties (rows of fewer than k finite logits) in any order
+        assert top.top_ids[i][finite].tolist() == order[finite].tolist()
+        assert torch.equal(top.top_values[i], logits[i, order])
+    first_max = (logits == logits.amax(dim=-1, keepdim=True)).int().argmax(dim=-1)  # no NaN here
+    expected = first_max if chosen is None else chosen
+    assert torch.equal(top.chosen, expected)
+    assert torch.equal(top.chosen_value, logits.gather(1, expected[:, None])[:, 0])
+    assert torch.equal(top.rank, (logits >= top.chosen_value[:, None]).sum(dim=-1))
 
 
 def test_logprobs_take_one_native_read_of_each_row_and_keep_their_values(native, monkeypatch):
-    """``token_logprobs`` with the native statistics gives what the torch passes give."""
+    """``token_logprobs`` through the native kernel gives what the torch passes give."""
     from batchgen_data.engine.sample import logprob_capture
     from batchgen_data.model import native as native_module
 
     g = torch.Generator().manual_seed(7)
     logits = torch.randn(6, 152_064, generator=g) * 4
     chosen = torch.randint(0, 152_064, (6,), generator=g)
+    chosen[1] = logits[1].argmax()
     ks = [0, 1, 5, 20, 3, 5]
     monkeypatch.setattr(native_module, "_ACTIVE", {"on": False})
     torch_path = logprob_capture.token_logprobs(logits.clone(), chosen, ks)
     monkeypatch.setattr(native_module, "_ACTIVE", {"on": True})
-    assert logprob_capture.row_stats(logits) is not None
+    assert logprob_capture.logit_topk(logits, 20, chosen) is not None
     native_path = logprob_capture.token_logprobs(logits.clone(), chosen, ks)
     for a, b in zip(torch_path, native_path):
         assert a.token_ids == b.token_ids and a.ranks == b.ranks
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
 
 
-def test_a_row_holding_nan_gets_a_nan_log_sum_exp(native):
-    logits = torch.randn(3, 1000)
+def test_rows_holding_nan_or_inf_get_that_log_sum_exp_and_take_the_torch_passes(native, monkeypatch):
+    from batchgen_data.engine.sample import logprob_capture
+    from batchgen_data.model import native as native_module
+
+    logits = torch.randn(5, 1000)
     logits[1, 517] = float("nan")
     logits[2, 999] = float("nan")  # in the tail outside the blocks
-    _, log_norm = native.logit_row_stats(logits, 64)
-    assert log_norm.isnan().squeeze(1).tolist() == [False, True, True]
-
-
-@settings(max_examples=40, deadline=None)
-@given(rows=st.integers(1, 4), vocab=st.integers(64, 3000), ties=st.booleans(), seed=st.integers(0, 2**16))
-def test_the_argmax_from_block_maxima_is_the_first_argmax(native, rows, vocab, ties, seed):
-    """The greedy sampler's argmax taken from the logprob kernel's block maxima equals
-    ``first_argmax``: ties (the first wins), -inf, and a maximum in the tail outside the blocks."""
-    from batchgen_data.engine.sample.kernels import argmax_from_block_max, first_argmax
-
-    g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(rows, vocab, generator=g)
-    if ties:
-        logits = logits.round()  # many equal maxima
-    logits[torch.rand(rows, vocab, generator=g) < 0.3] = float("-inf")
-    if seed % 3 == 0:
-        logits[:, -1] = 100.0  # the tail's last token is the maximum
-    block_max, _ = native.logit_row_stats(logits, 64)
-    assert torch.equal(argmax_from_block_max(logits, block_max, 64), first_argmax(logits))
+    logits[3, 3] = float("inf")
+    logits[4] = float("-inf")
+    log_norm = native.logit_topk(logits, 5).log_norm
+    assert log_norm.isnan().tolist() == [False, True, True, False, False]
+    assert log_norm[3] == float("inf") and log_norm[4] == float("-inf")
+    monkeypatch.setattr(native_module, "_ACTIVE", {"on": True})
+    assert logprob_capture.logit_topk(logits, 5) is None
+    assert logprob_capture.logit_topk(logits[[0]], 5) is not None
 
 
 @settings(max_examples=60, deadline=None)

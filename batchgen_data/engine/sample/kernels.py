@@ -116,22 +116,6 @@ def native_for(logits: torch.Tensor):
     return active_native()
 
 
-def argmax_from_block_max(x: torch.Tensor, block_max: torch.Tensor, block: int) -> torch.Tensor:
-    """``first_argmax(x)`` from block maxima the caller already has (``block_max`` [N, V // block],
-    the maxima of the whole blocks; the tail is read here), for rows without NaN: the first
-    block holding the row maximum holds its first occurrence, and only it is searched."""
-    num_rows, vocab = x.shape
-    head = block_max.shape[1] * block
-    best = block_max.max(dim=-1)  # the first block holding the maximum
-    starts = best.indices * block
-    values = x.gather(1, starts[:, None] + torch.arange(block, device=x.device))  # [N, block]
-    tokens = starts + (values == best.values[:, None]).int().argmax(dim=-1)
-    if head < vocab:  # the tail after the last whole block: it wins only where strictly larger
-        tail = x[:, head:].max(dim=-1)
-        tokens = torch.where(tail.values > best.values, head + tail.indices, tokens)
-    return tokens
-
-
 def _gumbel_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
     """[n, V] Gumbel(0, 1) noise; row i depends only on (seeds[i], steps[i])."""
     keys = (counter_uniform(seeds.numpy(), steps.numpy()) * 2.0**53).astype(np.int64)  # 53-bit row seeds

@@ -29,11 +29,11 @@ import torch
 
 from batchgen_data.engine.sample.batch import SamplingBatch
 from batchgen_data.engine.sample.bitmask import apply_token_bitmask, merge_picks, pick_lazily
-from batchgen_data.engine.sample.kernels import argmax_from_block_max, sample
-from batchgen_data.engine.sample.logprob_capture import BLOCK as LOGPROB_BLOCK
-from batchgen_data.engine.sample.logprob_capture import row_stats, token_logprobs
+from batchgen_data.engine.sample.kernels import sample
+from batchgen_data.engine.sample.logprob_capture import logit_topk, token_logprobs, top_k_of
 from batchgen_data.engine.sample.logprobs import TokenLogprobs
 from batchgen_data.engine.sample.penalties import apply_penalties
+from batchgen_data.model.native.kernels import LogitTopK
 
 
 @dataclass(slots=True)
@@ -45,7 +45,7 @@ class SamplingState:
     forced: Any = None  # ``BitmaskPicks``: greedy constrained rows the mask step already chose
     logprobs: list[TokenLogprobs | None] | None = None
     raw_logits: torch.Tensor | None = None  # [r, V]: ``batch.raw_logprob_rows`` before the processors
-    row_stats: tuple[torch.Tensor, torch.Tensor] | None = None  # ``logprob_capture.row_stats`` of ``logits``
+    top: LogitTopK | None = None  # of ``logits``, when ``Sample`` took the greedy tokens from it
 
 
 class SamplingStep(Protocol):
@@ -155,11 +155,10 @@ class Sample:
     def __call__(self, state: SamplingState, batch: SamplingBatch) -> None:
         picks = state.forced
         if picks is None and _greedy_logprob_batch(batch):  # one read of each row serves both
-            state.row_stats = row_stats(state.logits)
-            if state.row_stats is not None and not bool(state.row_stats[1].isnan().any()):
-                state.tokens = argmax_from_block_max(state.logits, state.row_stats[0], LOGPROB_BLOCK)
+            state.top = logit_topk(state.logits, top_k_of(batch.logprob_ks, state.logits.shape[1]))
+            if state.top is not None:
+                state.tokens = state.top.chosen  # each row's first maximum
                 return
-            state.row_stats = None
         if picks is None:
             tokens = sample(state.logits, batch)
         else:  # greedy rows whose token the mask step chose: no argmax over them again
@@ -187,7 +186,7 @@ class CaptureLogprobs:
         if state.raw_logits is not None:  # the token is chosen: processed rows get their model logits back
             logits[torch.tensor(batch.raw_logprob_rows, device=logits.device)] = state.raw_logits
         if len(batch.logprob_rows) == len(batch):  # every row: no [n, V] gather (the logits are done with)
-            computed = token_logprobs(logits, tokens, batch.logprob_ks, overwrite=True, stats=state.row_stats)
+            computed = token_logprobs(logits, tokens, batch.logprob_ks, overwrite=True, top=state.top)
         else:
             rows = torch.tensor(batch.logprob_rows, device=logits.device)
             computed = token_logprobs(logits[rows], tokens[rows], batch.logprob_ks, overwrite=True)

@@ -69,9 +69,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     norm_logits(as<const float>(h), as<float>(logits), T, H, as<const float>(norm_w), static_cast<float>(eps),
                 as<const float>(lm_head), V);
   }, py::call_guard<py::gil_scoped_release>());
-  m.def("logit_row_stats", [](std::uintptr_t x, int64_t n, int64_t V, int64_t block, std::uintptr_t block_max,
-                              std::uintptr_t log_norm) {
-    return logit_row_stats(as<const float>(x), n, V, block, as<float>(block_max), as<float>(log_norm));
+  m.def("logit_topk_rows", [](std::uintptr_t x, int64_t n, int64_t V, int64_t k, std::uintptr_t chosen,
+                              std::uintptr_t top_values, std::uintptr_t top_ids, std::uintptr_t log_norm,
+                              std::uintptr_t chosen_value, std::uintptr_t rank) {
+    return logit_topk_rows(as<const float>(x), n, V, k, as<int64_t>(chosen), as<float>(top_values),
+                           as<int64_t>(top_ids), as<float>(log_norm), as<float>(chosen_value), as<int64_t>(rank));
   }, py::call_guard<py::gil_scoped_release>());
   m.def("grammar_mask", [](std::uintptr_t x, int64_t num_rows, int64_t V, std::uintptr_t rows, int64_t n,
                            std::uintptr_t words, int64_t W, std::uintptr_t greedy, std::uintptr_t picks) {

@@ -61,11 +61,14 @@ bool moe_block_decode(const float* h, float* h_out, int64_t T, int64_t H, const 
                       const float* w_router, int64_t E, int64_t K, bool renormalize, const float* w_gate_up,
                       const float* w_down, int64_t F, const int64_t* row_of, int64_t num_rows, int64_t* counts);
 
-// For logprobs, per row of x [n, V]: block_max [n, V / block] (the maxima of whole blocks of
-// `block` tokens; the tail V % block is in none) and log_norm [n] = log sum_j exp(x[j]), reading
-// each row once from memory (a row holding a NaN: log_norm NaN, its block maxima undefined).
-// False (nothing computed) unless block is a positive multiple of the vector width.
-bool logit_row_stats(const float* x, int64_t n, int64_t V, int64_t block, float* block_max, float* log_norm);
+// For logprobs, per row i of x [n, V], reading it once from memory: log_norm[i] = log sum_j
+// exp(x[i, j]); its k largest logits (top_values [n, k] descending, top_ids [n, k]; ties: the
+// smaller id first); chosen[i] (in: a token id, or -1 for the row's first maximum, written
+// back); chosen_value[i] = x[i, chosen[i]] and rank[i] = how many of the row's logits are >= it.
+// A row holding a NaN or +inf, or only -inf, gets that as log_norm and nothing else written.
+// Returns how many rows did; -1 (nothing computed) unless 0 < k <= V and every chosen[i] < V.
+int64_t logit_topk_rows(const float* x, int64_t n, int64_t V, int64_t k, int64_t* chosen, float* top_values,
+                        int64_t* top_ids, float* log_norm, float* chosen_value, int64_t* rank);
 
 // Structured outputs: grammar bitmasks ([n, W] int32 words, W = ceil(V / 32); bit t % 32 of word
 // t / 32 allows token t) on rows rows[i] of x [num_rows, V]. A greedy row (greedy[i] != 0) is not

@@ -7,10 +7,24 @@ indices it follows (block tables, expert rows), in the kernel itself, which refu
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import ModuleType
 
 import numpy as np
 import torch
+
+
+@dataclass(slots=True)
+class LogitTopK:
+    """``NativeKernels.logit_topk`` of logits rows [n, V]."""
+
+    top_values: torch.Tensor  # [n, k] fp32, descending (ties: the smaller token id first)
+    top_ids: torch.Tensor  # [n, k] int64
+    log_norm: torch.Tensor  # [n] fp32: log sum exp of the row
+    chosen: torch.Tensor  # [n] int64: the chosen token (given, or the row's first maximum)
+    chosen_value: torch.Tensor  # [n] fp32: its logit
+    rank: torch.Tensor  # [n] int64: how many logits of the row are >= it
+    num_nonfinite: int = 0  # rows whose log_norm is not finite (nothing else defined for them)
 
 
 class NativeKernels:
@@ -83,19 +97,23 @@ class NativeKernels:
                              f"block beyond the {num_blocks} pages")
         return out
 
-    def logit_row_stats(self, logits: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """For logprobs, reading each row of ``logits`` [n, V] once: the maxima of its whole
-        blocks of ``block`` tokens [n, V // block] and log sum exp [n, 1]; None where the kernel
-        does not apply (``block`` not a multiple of the vector width)."""
+    def logit_topk(self, logits: torch.Tensor, k: int, chosen: torch.Tensor | None = None) -> LogitTopK:
+        """For logprobs, reading each row of ``logits`` [n, V] once: its log sum exp, its top
+        ``k`` (1 <= k <= V), and the chosen token's value and rank (``chosen`` [n] token ids;
+        None: each row's first maximum, the greedy token). Rows whose ``log_norm`` is not
+        finite (a NaN, +inf, or only -inf) have nothing else defined."""
         _check_fp32_cpu(logits)
         logits = logits.contiguous()
         n, vocab = logits.shape
-        block_max = torch.empty(n, vocab // block)
-        log_norm = torch.empty(n, 1)
-        if not self.library.logit_row_stats(logits.data_ptr(), n, vocab, block, block_max.data_ptr(),
-                                            log_norm.data_ptr()):
-            return None
-        return block_max, log_norm
+        picked = torch.full((n,), -1, dtype=torch.int64) if chosen is None else chosen.to(torch.int64).clone()
+        out = LogitTopK(torch.empty(n, k), torch.empty(n, k, dtype=torch.int64), torch.empty(n), picked,
+                        torch.empty(n), torch.empty(n, dtype=torch.int64))
+        out.num_nonfinite = self.library.logit_topk_rows(
+            logits.data_ptr(), n, vocab, k, picked.data_ptr(), out.top_values.data_ptr(), out.top_ids.data_ptr(),
+            out.log_norm.data_ptr(), out.chosen_value.data_ptr(), out.rank.data_ptr())
+        if out.num_nonfinite < 0:
+            raise ValueError(f"logit_topk: k={k} or a chosen token out of range for {tuple(logits.shape)}")
+        return out
 
     def first_argmax(self, x: torch.Tensor) -> torch.Tensor:
         """[N, V] fp32 (CPU, contiguous) -> [N] int64: each row's first maximum (NaN counts as

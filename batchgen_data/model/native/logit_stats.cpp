@@ -1,9 +1,16 @@
-// What logprobs need of a logits row, in one read of it: the maxima of its blocks (for the
-// top-k, model/native/kernels.py) and log sum exp (the normaliser). A row is cut into chunks
-// that fit the L2 cache; each chunk is read once from memory for its block maxima and its max,
-// then again from cache for sum exp(x - max); the chunks' (max, sum) pairs are then combined.
-// A row holding a NaN gets a NaN log sum exp (as torch.logsumexp gives), and its block maxima
-// are not defined (callers that need them exact check the log sum exp first).
+// What logprobs need of a logits row, in one read of it: log sum exp (the normaliser), the top k
+// tokens, the chosen token (given, or the row's first maximum for greedy rows) with its value and
+// its rank (vLLM's: how many logits are >= its logit).
+//
+// The row is read once, in blocks of 64 tokens: each block's maximum is kept (64 KiB-ish per
+// row: V / 64 floats) and, while the block is in registers, exp(x - m) is added to a running sum
+// whose shift m is the largest block maximum so far (the sum is rescaled on the rare block that
+// raises it). Then, from the cache: the k largest block maxima name the only blocks that can hold
+// the k largest tokens (``top_k``), and those blocks and the tail after the last whole block are
+// searched for them. The rank needs no
+// second pass when every token >= the chosen one is in the top k; else the row is counted again.
+// A row holding a NaN or +inf gets that as its log sum exp and nothing else is defined (callers
+// fall back to the torch passes, which carry torch's semantics for them).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -14,62 +21,152 @@
 
 namespace {
 
-constexpr int64_t kChunk = 16384;  // floats: 64 KiB, in L2 between the two passes
+constexpr int64_t kBlock = 128;
+constexpr int64_t kVecs = kBlock / kWidth;
+constexpr int64_t kFlush = 64;  // blocks summed in fp32 lanes before the sum moves to a double
+constexpr float kLowest = -std::numeric_limits<float>::infinity();
+
+// exp(x) for x <= 0, for a sum of them: relative error ~2e-7 (a degree-5 polynomial fitted to
+// exp on [-ln2/2, ln2/2]); below -87 the result is exp(-87), not 0; a NaN input gives NaN (the
+// clamp's operands are ordered so that it passes: max returns its second operand when one is
+// NaN), which is how the pass finds a NaN in a row without testing every vector. n = round(x /
+// ln 2) comes from adding 1.5 * 2^23 (its bits then hold n + 127 where the exponent goes), which
+// saves ``vexp_nonpos``'s round and conversion.
+inline vec exp_for_sum(vec x) {
+  x = vmax(vset1(-87.f), x);
+  const vec shifter = vset1(12582912.f + 127.f);  // 1.5 * 2^23 + the exponent bias
+  const vec t = vfma(x, vset1(1.44269504088896341f), shifter);
+  const vec n = vsub(t, shifter);
+  vec r = vfma(n, vset1(-0.693145751953125f), x);
+  r = vfma(n, vset1(-1.428606765330187e-06f), r);
+  vec p = vset1(0.008261787705123425f);
+  p = vfma(p, r, vset1(0.04189877584576607f));
+  p = vfma(p, r, vset1(0.16668111085891724f));
+  p = vfma(p, r, vset1(0.49999141693115234f));
+  p = vfma(p, r, vset1(0.9999995231628418f));
+  p = vfma(p, r, vset1(1.f));
+  return vmul(p, vshift_exponent(t));
+}
+
+// Order of the top k: larger value first, then the smaller token id (torch's first maximum).
+inline bool before(float av, int64_t ai, float bv, int64_t bi) { return av > bv || (av == bv && ai < bi); }
+
+// Offers (v, id) to the sorted list (values, ids) of `size` entries, at most k.
+inline void offer(float v, int64_t id, float* values, int64_t* ids, int64_t& size, int64_t k) {
+  if (size == k && !before(v, id, values[k - 1], ids[k - 1])) return;
+  int64_t p = size < k ? size++ : k - 1;
+  for (; p > 0 && before(v, id, values[p - 1], ids[p - 1]); --p) {
+    values[p] = values[p - 1];
+    ids[p] = ids[p - 1];
+  }
+  values[p] = v;
+  ids[p] = id;
+}
+
+// The blocks' maxima and the row's log sum exp (NaN if the row holds one, +inf if it holds +inf).
+float stats_pass(const float* row, int64_t V, float* block_max) {
+  const int64_t blocks = V / kBlock;
+  float m = kLowest;
+  double total = 0.0;  // sum of exp(x - m) over the flushed blocks
+  vec acc = vzero();   // ... and over the blocks since
+  bool nan = false;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float* p = row + b * kBlock;
+    vec v[kVecs];
+    vec vm = vset1(kLowest);
+    for (int64_t i = 0; i < kVecs; ++i) {
+      v[i] = vload(p + i * kWidth);
+      vm = vmax(vm, v[i]);
+    }
+    const float bm = vmaxall(vm);
+    block_max[b] = bm;
+    if (bm > m) {  // a new shift: what is summed so far is scaled to it (exp(-inf) = 0 at the start)
+      const float scale = std::exp(m - bm);
+      total *= scale;
+      acc = vfma(acc, vset1(scale), vzero());
+      m = bm;
+    }
+    if (m == kLowest) {  // every token so far is -inf (or NaN): nothing to add
+      for (int64_t i = 0; i < kVecs; ++i) nan |= vhasnan(v[i]);
+      continue;
+    }
+    const vec vshift = vset1(m);  // a NaN anywhere from here on makes the sum NaN
+    for (int64_t i = 0; i < kVecs; ++i) acc = vadd(acc, exp_for_sum(vsub(v[i], vshift)));
+    if ((b + 1) % kFlush == 0) {
+      total += vsum(acc);
+      acc = vzero();
+    }
+  }
+  total += vsum(acc);
+  float tail_max = kLowest;
+  for (int64_t j = blocks * kBlock; j < V; ++j) {
+    nan |= std::isnan(row[j]);
+    tail_max = std::max(tail_max, row[j]);
+  }
+  const float top = std::max(m, tail_max);
+  if (top == std::numeric_limits<float>::infinity()) {  // its sum is NaN (inf - inf): look for a NaN
+    return std::any_of(row, row + V, [](float v) { return std::isnan(v); }) ? std::numeric_limits<float>::quiet_NaN() : top;
+  }
+  if (nan || std::isnan(total)) return std::numeric_limits<float>::quiet_NaN();
+  if (top == kLowest) return top;  // every logit is -inf
+  if (m != kLowest) total *= std::exp(static_cast<double>(m) - top);
+  for (int64_t j = blocks * kBlock; j < V; ++j) total += std::exp(static_cast<double>(row[j]) - top);
+  return top + static_cast<float>(std::log(total));
+}
+
+// The k largest tokens (values, ids: sorted by `before`), from the block maxima: each of the k
+// largest tokens lies in a block whose maximum is among the k largest block maxima (in the same
+// order; else k blocks' maxima would each come before it), or in the tail.
+void top_k(const float* row, int64_t V, const float* block_max, int64_t k, float* values, int64_t* ids) {
+  const int64_t blocks = V / kBlock;
+  std::vector<float> best_max(k);
+  std::vector<int64_t> best(k);
+  int64_t num_best = 0;
+  for (int64_t b = 0; b < blocks; ++b) offer(block_max[b], b, best_max.data(), best.data(), num_best, k);
+  int64_t size = 0;
+  for (int64_t i = 0; i < num_best; ++i) {
+    const int64_t start = best[i] * kBlock;
+    for (int64_t j = start; j < start + kBlock; ++j) offer(row[j], j, values, ids, size, k);
+  }
+  for (int64_t j = blocks * kBlock; j < V; ++j) offer(row[j], j, values, ids, size, k);
+}
+
+// How many logits of the row are >= s.
+int64_t count_at_least(const float* row, int64_t V, float s) {
+  const int64_t nv = V - V % kWidth;
+  int64_t count = 0;
+  for (int64_t j = 0; j < nv; j += kWidth) count += __builtin_popcount(vmask_ge(vload(row + j), s));
+  for (int64_t j = nv; j < V; ++j) count += row[j] >= s;
+  return count;
+}
 
 }  // namespace
 
-bool logit_row_stats(const float* x, int64_t n, int64_t V, int64_t block, float* block_max, float* log_norm) {
-  if (block <= 0 || block % kWidth != 0 || V <= 0) return false;
-  const int64_t num_blocks = V / block;  // the tail (V % block) is in no block
-  const int64_t chunk = std::max<int64_t>(1, kChunk / block) * block;
-  const int64_t chunks = (V + chunk - 1) / chunk;
-  std::vector<float> chunk_max(n * chunks), chunk_sum(n * chunks);
-  const float lowest = -std::numeric_limits<float>::infinity();
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t c = 0; c < chunks; ++c) {
+int64_t logit_topk_rows(const float* x, int64_t n, int64_t V, int64_t k, int64_t* chosen, float* top_values,
+                        int64_t* top_ids, float* log_norm, float* chosen_value, int64_t* rank) {
+  if (V <= 0 || k <= 0 || k > V) return -1;
+  for (int64_t i = 0; i < n; ++i)
+    if (chosen[i] >= V) return -1;
+#pragma omp parallel
+  {
+    std::vector<float> block_max(V / kBlock);
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
       const float* row = x + i * V;
-      const int64_t begin = c * chunk, end = std::min(V, begin + chunk);
-      float m = lowest;
-      bool nan = false;
-      int64_t j = begin;
-      for (; j + block <= end; j += block) {
-        vec vm = vset1(lowest);
-        for (int64_t k = 0; k < block; k += kWidth) {
-          const vec v = vload(row + j + k);
-          nan |= vhasnan(v);
-          vm = vmax(vm, v);
-        }
-        const float bm = vmaxall(vm);
-        block_max[i * num_blocks + j / block] = bm;
-        m = std::max(m, bm);
+      log_norm[i] = stats_pass(row, V, block_max.data());
+      if (!std::isfinite(log_norm[i])) continue;
+      float* values = top_values + i * k;
+      int64_t* ids = top_ids + i * k;
+      top_k(row, V, block_max.data(), k, values, ids);
+      if (chosen[i] < 0) chosen[i] = ids[0];  // greedy: the first maximum
+      const float c = row[chosen[i]];
+      chosen_value[i] = c;
+      if (values[k - 1] < c) {  // every logit >= c is in the top k
+        rank[i] = std::count_if(values, values + k, [c](float v) { return v >= c; });
+      } else {
+        rank[i] = count_at_least(row, V, c);
       }
-      for (; j < end; ++j) {
-        nan |= std::isnan(row[j]);
-        m = std::max(m, row[j]);
-      }
-      if (nan) m = std::numeric_limits<float>::quiet_NaN();  // the row's log sum exp is NaN
-      const vec vm = vset1(m);
-      vec acc = vzero();
-      j = begin;
-      for (; j + kWidth <= end; j += kWidth) acc = vadd(acc, vexp_nonpos(vsub(vload(row + j), vm)));
-      float s = vsum(acc);
-      for (; j < end; ++j) s += std::exp(row[j] - m);
-      chunk_max[i * chunks + c] = m;
-      chunk_sum[i * chunks + c] = s;
     }
   }
-  for (int64_t i = 0; i < n; ++i) {
-    const float* cm = chunk_max.data() + i * chunks;
-    const float* cs = chunk_sum.data() + i * chunks;
-    if (std::any_of(cm, cm + chunks, [](float v) { return std::isnan(v); })) {
-      log_norm[i] = std::numeric_limits<float>::quiet_NaN();
-      continue;
-    }
-    const float m = *std::max_element(cm, cm + chunks);
-    double s = 0.0;
-    for (int64_t c = 0; c < chunks; ++c) s += cm[c] == lowest ? 0.0 : cs[c] * std::exp(static_cast<double>(cm[c] - m));
-    log_norm[i] = m + static_cast<float>(std::log(s));
-  }
-  return true;
+  return std::count_if(log_norm, log_norm + n, [](float v) { return !std::isfinite(v); });
 }

@@ -16,10 +16,14 @@ inline void vstore(float* p, vec v) { _mm512_storeu_ps(p, v); }
 inline float vsum(vec v) { return _mm512_reduce_add_ps(v); }
 inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
 inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
+inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+// The float whose bits are t's shifted left by 23 (2^(n) when t's low mantissa bits hold n + 127).
+inline vec vshift_exponent(vec t) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_castps_si512(t), 23)); }
 inline vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
 inline float vmaxall(vec v) { return _mm512_reduce_max_ps(v); }
 inline bool vhasnan(vec v) { return _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) != 0; }
 inline uint32_t vmask_eq(vec v, float s) { return _mm512_cmp_ps_mask(v, _mm512_set1_ps(s), _CMP_EQ_OQ); }
+inline uint32_t vmask_ge(vec v, float s) { return _mm512_cmp_ps_mask(v, _mm512_set1_ps(s), _CMP_GE_OQ); }
 // max(acc, v) in the lanes whose bit of `bits` is set, acc elsewhere (lane i: bit i).
 inline vec vmax_masked(vec acc, vec v, uint32_t bits) { return _mm512_mask_max_ps(acc, static_cast<__mmask16>(bits), acc, v); }
 inline vec vround(vec v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
@@ -43,6 +47,8 @@ inline float vsum(vec v) {
 }
 inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
 inline vec vsub(vec a, vec b) { return _mm256_sub_ps(a, b); }
+inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+inline vec vshift_exponent(vec t) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(t), 23)); }
 inline vec vmax(vec a, vec b) { return _mm256_max_ps(a, b); }
 inline float vmaxall(vec v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -53,6 +59,9 @@ inline float vmaxall(vec v) {
 inline bool vhasnan(vec v) { return _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)) != 0; }
 inline uint32_t vmask_eq(vec v, float s) {
   return static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_set1_ps(s), _CMP_EQ_OQ)));
+}
+inline uint32_t vmask_ge(vec v, float s) {
+  return static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_set1_ps(s), _CMP_GE_OQ)));
 }
 inline vec vmax_masked(vec acc, vec v, uint32_t bits) {
   const __m256i lane_bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
@@ -74,10 +83,19 @@ inline void vstore(float* p, vec v) { *p = v; }
 inline float vsum(vec v) { return v; }
 inline vec vadd(vec a, vec b) { return a + b; }
 inline vec vsub(vec a, vec b) { return a - b; }
+inline vec vmul(vec a, vec b) { return a * b; }
+inline vec vshift_exponent(vec t) {
+  uint32_t bits;
+  __builtin_memcpy(&bits, &t, 4);
+  bits <<= 23;
+  __builtin_memcpy(&t, &bits, 4);
+  return t;
+}
 inline vec vmax(vec a, vec b) { return a > b ? a : b; }
 inline float vmaxall(vec v) { return v; }
 inline bool vhasnan(vec v) { return v != v; }
 inline uint32_t vmask_eq(vec v, float s) { return v == s ? 1u : 0u; }
+inline uint32_t vmask_ge(vec v, float s) { return v >= s ? 1u : 0u; }
 inline vec vmax_masked(vec acc, vec v, uint32_t bits) { return (bits & 1u) && v > acc ? v : acc; }
 inline vec vround(vec v) { return __builtin_nearbyintf(v); }
 inline vec vpow2i(vec n) { return __builtin_ldexpf(1.f, static_cast<int>(n)); }
