@@ -43,7 +43,7 @@ def token_logprobs(logits: torch.Tensor, chosen: torch.Tensor, ks: list[int], ov
     if top is None:
         top = logit_topk(logits, k_max, chosen)
     if top is not None:
-        return _entries(top, ks)
+        return logprob_entries(top, ks)
     return _torch_logprobs(logits, chosen, ks, k_max, overwrite)
 
 
@@ -65,8 +65,9 @@ def logit_topk(logits: torch.Tensor, k: int, chosen: torch.Tensor | None = None)
     return top if top.num_nonfinite == 0 else None
 
 
-def _entries(top: LogitTopK, ks: list[int]) -> list[TokenLogprobs]:
-    """Each row's chosen token first, then its top ks[i] other than the chosen one."""
+def logprob_entries(top: LogitTopK, ks: list[int]) -> list[TokenLogprobs]:
+    """Each row's chosen token first, then its top ks[i] other than the chosen one (``top``
+    holds at least max(ks) of them)."""
     log_norm = top.log_norm[:, None]
     top_lp = (top.top_values - log_norm).tolist()
     top_ids = top.top_ids.tolist()
@@ -100,7 +101,7 @@ def _torch_logprobs(logits: torch.Tensor, chosen: torch.Tensor, ks: list[int], k
     else:
         work = logits if overwrite else logits.clone()
         log_norm = row_max + torch.log(work.sub_(row_max).exp_().sum(dim=-1, keepdim=True))  # [n, 1]
-    return _entries(LogitTopK(top_values, top_ids, log_norm[:, 0], chosen, chosen_value[:, 0], ranks), ks)
+    return logprob_entries(LogitTopK(top_values, top_ids, log_norm[:, 0], chosen, chosen_value[:, 0], ranks), ks)
 
 
 def _topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

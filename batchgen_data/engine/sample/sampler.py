@@ -17,6 +17,7 @@ import torch
 
 from batchgen_data.engine.sample.batch import SamplingBatch
 from batchgen_data.engine.sample.kernels import counter_uniform, first_argmax, sample
+from batchgen_data.engine.sample.logprob_capture import logprob_entries
 from batchgen_data.engine.sample.logprobs import TokenLogprobs
 from batchgen_data.engine.sample.steps import SAMPLING_STEPS, SamplingState, SamplingStep
 
@@ -51,6 +52,26 @@ class Sampler:
 
     def __init__(self, steps: tuple[SamplingStep, ...] | None = None):
         self.steps = SAMPLING_STEPS if steps is None else steps
+
+    @staticmethod
+    def greedy_topk(batch: SamplingBatch) -> tuple[int, bool] | None:
+        """(k, with_norm) where the batch's tokens and logprobs need only each row's first
+        maximum, its top k and, ``with_norm``, its log sum exp (``LogitTopK``): every row greedy,
+        no grammar, no processor, and either no row or every row asking for logprobs; else None
+        (the logits go through the steps)."""
+        if not batch.all_greedy or batch.token_bitmask is not None or batch.processors is not None:
+            return None
+        if batch.logprob_rows is None:
+            return 1, False
+        if len(batch.logprob_rows) == len(batch):
+            return max(1, max(batch.logprob_ks)), True
+        return None
+
+    @staticmethod
+    def from_topk(top, batch: SamplingBatch) -> SamplerOutput:
+        """What ``__call__`` gives for a ``greedy_topk`` batch, from the ``LogitTopK`` of its logits."""
+        logprobs = None if batch.logprob_rows is None else logprob_entries(top, batch.logprob_ks)
+        return SamplerOutput(top.chosen, logprobs)
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         state = SamplingState(logits)

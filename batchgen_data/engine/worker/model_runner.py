@@ -33,6 +33,7 @@ from batchgen_data.engine.core.sequence import Sequence
 from batchgen_data.model import MoEModel
 from batchgen_data.model.attention.metadata import AttentionMetadata, build_attention_metadata
 from batchgen_data.model.kv_cache import KVCache
+from batchgen_data.model.lm_head_topk import lm_head_topk
 from batchgen_data.model.model import ForwardTrace
 
 # Largest padded/real attention area accepted when grouping prefill chunks into a micro-batch.
@@ -128,11 +129,15 @@ class ModelRunner:
         if last_rows:
             in_order = len(last_rows) == hidden.shape[0] and last_rows == list(range(len(last_rows)))
             states = hidden if in_order else hidden[torch.tensor(last_rows, device=device)]
-            logits = self.model.compute_logits(states)  # [N, V]
             sampling, offsets, grammar_rows = _sampling_rows(out.sampling_seqs, out.grammar_rows)
             result.req_ids = [s.request_id for s in sampling]
             batch = _sampling_batch(sampling, device, grammar_rows, out.grammar_bitmask, offsets, out.grammar_lazy)
-            sampled = self.sampler(logits, batch)
+            wanted = self.sampler.greedy_topk(batch) if len(last_rows) == len(batch) else None
+            top = None if wanted is None else lm_head_topk(self.model, states, *wanted)
+            if top is not None:  # greedy rows: no [N, V] logits (``lm_head_topk.py``)
+                sampled = self.sampler.from_topk(top, batch)
+            else:
+                sampled = self.sampler(self.model.compute_logits(states), batch)
             result.sampled_token_ids = sampled.token_ids.tolist()
             result.logprobs = sampled.logprobs
         if pool_rows:

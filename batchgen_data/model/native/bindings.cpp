@@ -75,6 +75,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return logit_topk_rows(as<const float>(x), n, V, k, as<int64_t>(chosen), as<float>(top_values),
                            as<int64_t>(top_ids), as<float>(log_norm), as<float>(chosen_value), as<int64_t>(rank));
   }, py::call_guard<py::gil_scoped_release>());
+  m.def("logit_topk_stream", [](std::uintptr_t x, int64_t n, int64_t C, int64_t offset, int64_t k, bool with_norm,
+                                std::uintptr_t m, std::uintptr_t total, std::uintptr_t ties, std::uintptr_t top_values,
+                                std::uintptr_t top_ids, std::uintptr_t size, std::uintptr_t bad) {
+    return logit_topk_stream(as<const float>(x), n, C, offset, k, with_norm, as<float>(m), as<double>(total),
+                             as<int64_t>(ties), as<float>(top_values), as<int64_t>(top_ids), as<int64_t>(size),
+                             as<uint8_t>(bad));
+  }, py::call_guard<py::gil_scoped_release>());
   m.def("grammar_mask", [](std::uintptr_t x, int64_t num_rows, int64_t V, std::uintptr_t rows, int64_t n,
                            std::uintptr_t words, int64_t W, std::uintptr_t greedy, std::uintptr_t picks) {
     return grammar_mask(as<float>(x), num_rows, V, as<const int64_t>(rows), n, as<const int32_t>(words), W,

@@ -70,6 +70,16 @@ bool moe_block_decode(const float* h, float* h_out, int64_t T, int64_t H, const 
 int64_t logit_topk_rows(const float* x, int64_t n, int64_t V, int64_t k, int64_t* chosen, float* top_values,
                         int64_t* top_ids, float* log_norm, float* chosen_value, int64_t* rank);
 
+// The same over a vocabulary too long to keep as logits, a chunk x [n, C] of them at a time
+// (tokens offset .. offset + C, in order; the lm_head's GEMM writes each chunk while the last
+// is in cache): per row, the maximum so far m, sum exp(x - m) (total, with_norm only), how many
+// logits equal m (ties: the greedy token's rank), the top k (top_values, top_ids, size of
+// them) and bad (a NaN or +inf seen: the row must take the full logits). Start each row at
+// m = -inf, total = ties = size = bad = 0. -1 for k or C <= 0.
+int64_t logit_topk_stream(const float* x, int64_t n, int64_t C, int64_t offset, int64_t k, bool with_norm, float* m,
+                          double* total, int64_t* ties, float* top_values, int64_t* top_ids, int64_t* size,
+                          uint8_t* bad);
+
 // Structured outputs: grammar bitmasks ([n, W] int32 words, W = ceil(V / 32); bit t % 32 of word
 // t / 32 allows token t) on rows rows[i] of x [num_rows, V]. A greedy row (greedy[i] != 0) is not
 // written: picks[i] is the first maximum over its allowed tokens (NaN first, as argmax). Every

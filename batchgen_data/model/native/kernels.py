@@ -115,6 +115,33 @@ class NativeKernels:
             raise ValueError(f"logit_topk: k={k} or a chosen token out of range for {tuple(logits.shape)}")
         return out
 
+    def lm_head_topk(self, x: torch.Tensor, head: torch.Tensor, k: int, with_norm: bool, chunk: int) -> LogitTopK | None:
+        """``logit_topk(x @ head.T, k)`` with each row's greedy token (its first maximum) as the
+        chosen one, without the [n, V] logits: torch's GEMM writes ``chunk`` vocabulary columns
+        at a time into a buffer that stays in cache while the kernel takes their statistics.
+        Each chunk's logits are bitwise those of the whole GEMM (one K loop per output).
+        ``with_norm`` False: no log sum exp (the plain greedy token; ``log_norm`` is NaN). None
+        where a row holds a NaN or +inf, or only -inf: those take the full logits."""
+        _check_fp32_cpu(x, head)
+        n, vocab = x.shape[0], head.shape[0]
+        m = torch.full((n,), float("-inf"))
+        total = torch.zeros(n, dtype=torch.float64)
+        ties, size = torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.int64)
+        bad = torch.zeros(n, dtype=torch.uint8)
+        top_values, top_ids = torch.empty(n, k), torch.empty(n, k, dtype=torch.int64)
+        buffer = torch.empty(n * min(chunk, vocab))
+        stream = self.library.logit_topk_stream
+        for start in range(0, vocab, chunk):
+            width = min(chunk, vocab - start)
+            logits = buffer[: n * width].view(n, width)
+            torch.mm(x, head[start : start + width].t(), out=logits)
+            stream(logits.data_ptr(), n, width, start, k, with_norm, m.data_ptr(), total.data_ptr(), ties.data_ptr(),
+                   top_values.data_ptr(), top_ids.data_ptr(), size.data_ptr(), bad.data_ptr())
+        if bool(bad.any()) or bool((size < k).any()) or not bool(m.isfinite().all()):
+            return None
+        log_norm = (m.double() + total.log()).float() if with_norm else torch.full((n,), float("nan"))
+        return LogitTopK(top_values, top_ids, log_norm, top_ids[:, 0].clone(), top_values[:, 0].clone(), ties)
+
     def first_argmax(self, x: torch.Tensor) -> torch.Tensor:
         """[N, V] fp32 (CPU, contiguous) -> [N] int64: each row's first maximum (NaN counts as
         the maximum, the first NaN wins, as ``argmax``)."""

@@ -170,3 +170,74 @@ int64_t logit_topk_rows(const float* x, int64_t n, int64_t V, int64_t k, int64_t
   }
   return std::count_if(log_norm, log_norm + n, [](float v) { return !std::isfinite(v); });
 }
+
+int64_t logit_topk_stream(const float* x, int64_t n, int64_t C, int64_t offset, int64_t k, bool with_norm, float* m,
+                          double* total, int64_t* ties, float* top_values, int64_t* top_ids, int64_t* size,
+                          uint8_t* bad) {
+  if (C <= 0 || k <= 0 || n < 0) return -1;
+  const int64_t blocks = C / kBlock;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = x + i * C;
+    float mi = m[i];
+    double ti = total[i];
+    int64_t tie = ties[i], sz = size[i];
+    bool nan = bad[i] != 0;
+    float* values = top_values + i * k;
+    int64_t* ids = top_ids + i * k;
+    vec acc = vzero();
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float* p = row + b * kBlock;
+      vec v[kVecs];
+      vec vm = vset1(kLowest);
+      for (int64_t j = 0; j < kVecs; ++j) {
+        v[j] = vload(p + j * kWidth);
+        vm = vmax(vm, v[j]);
+      }
+      const float bm = vmaxall(vm);
+      if (bm > mi) {  // a new maximum: the sum so far is scaled to it, its ties start again
+        const double scale = std::exp(static_cast<double>(mi) - bm);
+        ti = (ti + vsum(acc)) * scale;
+        acc = vzero();
+        mi = bm;
+        tie = 0;
+      }
+      if (bm == mi) {
+        for (int64_t j = 0; j < kVecs; ++j) tie += __builtin_popcount(vmask_eq(v[j], bm));
+      }
+      if (!with_norm || mi == kLowest) {  // no exp to carry a NaN: test the block for one
+        for (int64_t j = 0; j < kVecs; ++j) nan |= vhasnan(v[j]);
+      } else {
+        const vec vshift = vset1(mi);
+        for (int64_t j = 0; j < kVecs; ++j) acc = vadd(acc, exp_for_sum(vsub(v[j], vshift)));
+        if ((b + 1) % kFlush == 0) {
+          ti += vsum(acc);
+          acc = vzero();
+        }
+      }
+      if (sz < k || bm >= values[k - 1]) {
+        for (int64_t j = 0; j < kBlock; ++j) offer(p[j], offset + b * kBlock + j, values, ids, sz, k);
+      }
+    }
+    ti += vsum(acc);
+    for (int64_t j = blocks * kBlock; j < C; ++j) {  // the tail of the last chunk
+      const float v = row[j];
+      nan |= std::isnan(v);
+      if (v > mi) {
+        ti *= std::exp(static_cast<double>(mi) - v);
+        mi = v;
+        tie = 0;
+      }
+      tie += v == mi;
+      if (with_norm && mi != kLowest) ti += std::exp(static_cast<double>(v) - mi);
+      offer(v, offset + j, values, ids, sz, k);
+    }
+    m[i] = mi;
+    total[i] = ti;
+    ties[i] = tie;
+    size[i] = sz;
+    bad[i] = nan || std::isnan(ti) || std::isinf(mi);
+  }
+  return 0;
+}
+

@@ -1,0 +1,89 @@
+"""Greedy tokens and their logprob statistics from the LM head a vocabulary chunk at a time
+(``model/lm_head_topk.py``): the same as from the whole logits, in the kernel and in the engine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from batchgen_data import Engine, EngineConfig, SamplingParams
+from batchgen_data.engine.worker import model_runner
+from batchgen_data.model.native import load_native
+
+
+@pytest.fixture(scope="module")
+def native():
+    module = load_native()
+    if module is None:
+        pytest.skip("the native kernels do not build here")
+    return module
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(1, 70), vocab=st.integers(1, 3000), hidden=st.integers(1, 40), k=st.integers(1, 21),
+       chunk=st.sampled_from([128, 384, 1024]), ties=st.booleans(), with_norm=st.booleans(), seed=st.integers(0, 2**16))
+def test_chunked_statistics_equal_the_whole_logits(native, rows, vocab, hidden, k, chunk, ties, with_norm, seed):
+    """Chunks that end inside a 128-token block and a vocabulary whose tail is shorter than one;
+    many equal logits (first maximum, ties counted in the rank)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, hidden, generator=g)
+    head = torch.randn(vocab, hidden, generator=g)
+    if ties:
+        x, head = x.round(), head.round().clamp(-1, 1)
+    k = min(k, vocab)
+    top = native.lm_head_topk(x, head, k, with_norm, chunk)
+    logits = F.linear(x, head)
+    order = torch.sort(logits, dim=-1, descending=True, stable=True)
+    assert torch.equal(top.top_ids, order.indices[:, :k]) and torch.equal(top.top_values, order.values[:, :k])
+    first_max = (logits == logits.amax(dim=-1, keepdim=True)).int().argmax(dim=-1)
+    assert torch.equal(top.chosen, first_max)
+    assert torch.equal(top.rank, (logits >= logits.amax(dim=-1, keepdim=True)).sum(dim=-1))
+    if with_norm:
+        torch.testing.assert_close(top.log_norm, torch.logsumexp(logits.double(), dim=-1).float(), rtol=2e-5, atol=2e-5)
+
+
+def test_a_row_holding_nan_or_inf_takes_the_whole_logits(native):
+    head = torch.randn(500, 8)
+    for bad in (float("nan"), float("inf")):
+        x = torch.randn(4, 8)
+        x[2, 3] = bad
+        assert native.lm_head_topk(x, head, 3, True, 128) is None
+    assert native.lm_head_topk(torch.randn(4, 8), head, 3, True, 128) is not None
+
+
+def test_a_step_of_many_greedy_rows_takes_the_same_tokens_without_its_logits(tiny_checkpoint, monkeypatch):
+    """More rows than the native skinny GEMM serves: with and without logprobs, the streamed
+    statistics give the tokens the whole logits give, and the logprobs match transformers."""
+    folder, hf = tiny_checkpoint("qwen3_moe")
+    prompts = [[3 + i, 40 + 2 * i, 7, 100 + i] for i in range(40)]
+    used = []
+    real = model_runner.lm_head_topk
+
+    def spy(*args):
+        used.append(real(*args))
+        return used[-1]
+
+    plain = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+    with_logprobs = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True, logprobs=3)
+    with Engine(folder, EngineConfig(block_size=8, max_num_seqs=64)) as engine:
+        monkeypatch.setattr(model_runner, "lm_head_topk", lambda *args: None)
+        expected = engine.generate(prompts, plain)
+        monkeypatch.setattr(model_runner, "lm_head_topk", spy)
+        streamed = engine.generate(prompts, plain)
+        assert any(top is not None for top in used)
+        used.clear()
+        logged = engine.generate(prompts, with_logprobs)
+        assert any(top is not None and not top.log_norm.isnan().any() for top in used)
+    assert [o.token_ids for o in streamed] == [o.token_ids for o in expected]
+    assert [o.token_ids for o in logged] == [o.token_ids for o in expected]
+    for prompt, out in zip(prompts, logged):
+        with torch.no_grad():
+            reference = torch.log_softmax(hf(torch.tensor([prompt + out.token_ids])).logits[0].float(), dim=-1)
+        for i, (token, entry) in enumerate(zip(out.token_ids, out.logprobs)):
+            row = reference[len(prompt) - 1 + i]
+            assert abs(entry[token].logprob - row[token].item()) < 2e-4
+            assert entry[token].rank == int((row >= row[token]).sum())
+            assert list(entry)[1:] == [t for t in row.topk(3).indices.tolist() if t != token][: len(entry) - 1]
