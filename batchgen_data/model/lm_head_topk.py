@@ -11,10 +11,17 @@ its sum of exponentials while the chunk is in cache. Each output is one dot prod
 hidden size either way, so a chunk's logits are bitwise the whole GEMM's (tested).
 
 It applies where ``compute_logits`` would run a GEMM over more than ``fused_decode.MAX_TOKENS``
-rows; fewer rows' logits fit in cache anyway and come from the native skinny GEMM.
+rows; fewer rows' logits fit in cache anyway and come from the native skinny GEMM. Whether it
+pays depends on the BLAS: here the whole GEMM was 3-7% faster than the chunks for 33-48 rows
+and 1.3-1.5x slower from 56 rows (MKL changes its algorithm in between; ad-hoc run). So
+``HeadChoice`` measures: for each size bucket, the first steps alternate the two ways and the
+faster one serves from then on. Tokens and logprobs are the same either way; only time differs.
 """
 
 from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
 
 import torch
 
@@ -38,3 +45,33 @@ def lm_head_topk(model, hidden: torch.Tensor, k: int, with_norm: bool) -> LogitT
     if native is None:
         return None
     return native.lm_head_topk(model.final_norm(hidden).contiguous(), head, k, with_norm, CHUNK)
+
+
+TRIALS = 2  # steps timed each way per bucket before one is chosen
+BUCKET = 8  # rows: sizes within one bucket share a choice
+
+
+@dataclass
+class HeadChoice:
+    """Chunked LM head or whole logits, per (row bucket, with_norm), chosen by timing real
+    steps: ``chunked`` says which way the next step of that size goes, ``record`` takes its
+    time (LM head to sampled tokens)."""
+
+    times: dict[tuple[int, bool], dict[bool, list[float]]] = field(default_factory=dict)
+    chosen: dict[tuple[int, bool], bool] = field(default_factory=dict)
+
+    def chunked(self, rows: int, with_norm: bool) -> bool:
+        key = (rows // BUCKET, with_norm)
+        if key in self.chosen:
+            return self.chosen[key]
+        timed = self.times.setdefault(key, {True: [], False: []})
+        return len(timed[True]) <= len(timed[False])  # alternate, chunked first
+
+    def record(self, rows: int, with_norm: bool, chunked: bool, seconds: float) -> None:
+        key = (rows // BUCKET, with_norm)
+        if key in self.chosen:
+            return
+        timed = self.times.setdefault(key, {True: [], False: []})
+        timed[chunked].append(seconds)
+        if len(timed[True]) >= TRIALS and len(timed[False]) >= TRIALS:
+            self.chosen[key] = statistics.median(timed[True]) <= statistics.median(timed[False])

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from batchgen_data import Engine, EngineConfig, SamplingParams
 from batchgen_data.engine.worker import model_runner
+from batchgen_data.model.lm_head_topk import HeadChoice
 from batchgen_data.model.native import load_native
 
 
@@ -87,3 +88,18 @@ def test_a_step_of_many_greedy_rows_takes_the_same_tokens_without_its_logits(tin
             assert abs(entry[token].logprob - row[token].item()) < 2e-4
             assert entry[token].rank == int((row >= row[token]).sum())
             assert list(entry)[1:] == [t for t in row.topk(3).indices.tolist() if t != token][: len(entry) - 1]
+
+
+def test_the_head_choice_times_both_ways_then_keeps_the_faster_per_size():
+    choice = HeadChoice()
+    costs = {(40, True): 2.0, (40, False): 1.0, (60, True): 1.0, (60, False): 3.0}
+    seen = []
+    for _ in range(8):
+        for rows in (40, 60):
+            chunked = choice.chunked(rows, False)
+            seen.append((rows, chunked))
+            choice.record(rows, False, chunked, costs[(rows, chunked)])
+    assert seen[:8] == [(40, True), (60, True), (40, False), (60, False)] * 2  # alternating, chunked first
+    assert {chunked for rows, chunked in seen[8:] if rows == 40} == {False}
+    assert {chunked for rows, chunked in seen[8:] if rows == 60} == {True}
+    assert choice.chunked(41, False) is False and choice.chunked(41, True) is True  # same bucket; not timed with norm

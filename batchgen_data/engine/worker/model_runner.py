@@ -33,7 +33,8 @@ from batchgen_data.engine.core.sequence import Sequence
 from batchgen_data.model import MoEModel
 from batchgen_data.model.attention.metadata import AttentionMetadata, build_attention_metadata
 from batchgen_data.model.kv_cache import KVCache
-from batchgen_data.model.lm_head_topk import lm_head_topk
+from batchgen_data.model.fused_decode import MAX_TOKENS
+from batchgen_data.model.lm_head_topk import HeadChoice, lm_head_topk
 from batchgen_data.model.model import ForwardTrace
 
 # Largest padded/real attention area accepted when grouping prefill chunks into a micro-batch.
@@ -86,6 +87,7 @@ class ModelRunner:
         self.attention_batch_size = attention_batch_size
         self.block_size = kv_cache.block_size
         self.sampler = sampler or Sampler()
+        self.head_choice = HeadChoice()
         self.stats = RunnerStats()
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
@@ -132,12 +134,7 @@ class ModelRunner:
             sampling, offsets, grammar_rows = _sampling_rows(out.sampling_seqs, out.grammar_rows)
             result.req_ids = [s.request_id for s in sampling]
             batch = _sampling_batch(sampling, device, grammar_rows, out.grammar_bitmask, offsets, out.grammar_lazy)
-            wanted = self.sampler.greedy_topk(batch) if len(last_rows) == len(batch) else None
-            top = None if wanted is None else lm_head_topk(self.model, states, *wanted)
-            if top is not None:  # greedy rows: no [N, V] logits (``lm_head_topk.py``)
-                sampled = self.sampler.from_topk(top, batch)
-            else:
-                sampled = self.sampler(self.model.compute_logits(states), batch)
+            sampled = self._sample(states, batch, len(last_rows))
             result.sampled_token_ids = sampled.token_ids.tolist()
             result.logprobs = sampled.logprobs
         if pool_rows:
@@ -158,6 +155,23 @@ class ModelRunner:
         self.stats.num_forwards += 1
         self.stats.num_tokens += len(input_ids)
         return result
+
+    def _sample(self, states: torch.Tensor, batch: SamplingBatch, num_rows: int):
+        """The LM head and the sampler on the sampling rows' states: a greedy batch of more than
+        32 rows may take the chunked head (``lm_head_topk.py``), where ``head_choice`` measured
+        it faster for that size (or is still timing both ways)."""
+        wanted = self.sampler.greedy_topk(batch) if num_rows == len(batch) > MAX_TOKENS else None
+        if wanted is None:
+            return self.sampler(self.model.compute_logits(states), batch)
+        start = time.perf_counter()
+        chunked = self.head_choice.chunked(num_rows, wanted[1])
+        top = lm_head_topk(self.model, states, *wanted) if chunked else None
+        if top is not None:
+            sampled = self.sampler.from_topk(top, batch)
+        else:
+            sampled = self.sampler(self.model.compute_logits(states), batch)
+        self.head_choice.record(num_rows, wanted[1], top is not None, time.perf_counter() - start)
+        return sampled
 
     def _mtp_step(self, out: SchedulerOutput, attention, hidden: torch.Tensor, input_ids: list[int],
                   spans: list[tuple[int, int, int]], sampled_rows: list[int], sampled: list[int]) -> dict[int, list[int]]:
