@@ -56,7 +56,14 @@ def main() -> None:
             start = time.perf_counter()
             engine.generate(prompts, prefill[name])
             prefill_s[name].append(time.perf_counter() - start)
-    vocab = engine.executor.model.config.vocab_size
+    config = engine.executor.model.config
+    vocab = config.vocab_size
+    # prompt_logprobs' floor: the LM head at every prompt position instead of the last alone
+    # (2 FLOPs a parameter; attention's context terms left out, small at these lengths).
+    head = config.vocab_size * config.hidden_size
+    body = config.active_params_per_token - head
+    mean_tokens = statistics.mean(len(engine.tokenizer.encode(p)) for p in prompts)
+    flop_floor = (body + head) * mean_tokens / (body * mean_tokens + head)
     source = 4 * torch.randn(args.rows, vocab)
     tokens = source.argmax(-1)
     logits = source.clone()
@@ -76,7 +83,8 @@ def main() -> None:
               "ms_per_token": per_token, "prefill_s": prefill_s, "capture_ms_k5": capture_ms,
               "ratio": {name: spread([v / b for v, b in zip(per_token[name], per_token["none"])])
                         for name in runs if name != "none"},
-              "prompt_logprobs_ratio": spread([v / b for v, b in zip(prefill_s["prompt5"], prefill_s["prefill"])])}
+              "prompt_logprobs_ratio": spread([v / b for v, b in zip(prefill_s["prompt5"], prefill_s["prefill"])]),
+              "prompt_logprobs_flop_floor": flop_floor, "head_share_of_token_flops": head / config.active_params_per_token}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "logprobs-cpu.json").write_text(json.dumps(result, indent=2))
     print(f"{args.rows} rows x {args.max_tokens} tokens, {args.reps} alternating reps on {cpu_model()}; "
@@ -86,7 +94,9 @@ def main() -> None:
         print(f"  {name:5s} {statistics.median(per_token[name]):.3f} ms/token"
               + (f"  {r['min']:.3f} / {r['median']:.3f} / {r['max']:.3f}x" if r else ""))
     r = result["prompt_logprobs_ratio"]
-    print(f"  prompt_logprobs=5 against the same rows' prefill: {r['min']:.3f} / {r['median']:.3f} / {r['max']:.3f}x")
+    print(f"  prompt_logprobs=5 against the same rows' prefill: {r['min']:.3f} / {r['median']:.3f} / {r['max']:.3f}x"
+          f" (FLOP floor {flop_floor:.2f}x: the LM head is {100 * head / config.active_params_per_token:.0f}% of a"
+          f" token's FLOPs, and it runs at all {mean_tokens:.1f} prompt positions instead of the last)")
     print(f"  capture alone (k=5, {args.rows} rows): {capture_ms:.2f} ms per step")
 
 

@@ -55,12 +55,16 @@ BUCKET = 8  # rows: sizes within one bucket share a choice
 class HeadChoice:
     """Chunked LM head or whole logits, per (row bucket, with_norm), chosen by timing real
     steps: ``chunked`` says which way the next step of that size goes, ``record`` takes its
-    time (LM head to sampled tokens)."""
+    time (LM head to sampled tokens). ``enabled`` False: always the whole logits (an A/B's
+    baseline, ``benchmarks/lm_head_ab.py``)."""
 
+    enabled: bool = True
     times: dict[tuple[int, bool], dict[bool, list[float]]] = field(default_factory=dict)
     chosen: dict[tuple[int, bool], bool] = field(default_factory=dict)
 
     def chunked(self, rows: int, with_norm: bool) -> bool:
+        if not self.enabled:
+            return False
         key = (rows // BUCKET, with_norm)
         if key in self.chosen:
             return self.chosen[key]
