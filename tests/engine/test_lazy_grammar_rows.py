@@ -73,6 +73,50 @@ def test_the_check_says_what_the_mask_says(manager, constraint, seed):
         assert matcher.consume_token(int(rng.choice(choices)))
 
 
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(constraint=st.sampled_from(CONSTRAINTS), ties=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_the_first_allowed_candidate_is_the_masked_argmax(manager, constraint, ties, seed):
+    """The lazy pick from a row's largest logits (``top_ids_at``, ``first_allowed``) is the
+    first maximum over the mask's allowed tokens wherever it picks, and it declines only where
+    the grammar forces its next tokens or no candidate is allowed; with many equal logits."""
+    import torch
+
+    from batchgen_data.engine.sample.bitmask import LAZY_CANDIDATES
+    from batchgen_data.engine.sample.kernels import top_ids_at
+    from batchgen_data.model.native import _ACTIVE, use_native_kernels
+
+    manager, _ = manager
+    vocab = manager.vocab_size
+    matcher = manager.compiler.submit(StructuredOutputsParams(**constraint)).result(timeout=60).new_matcher()
+    lazy = LazyGrammarRows([0], [StructuredRequest(future=None, matcher=matcher)], manager)
+    rng = np.random.default_rng(seed)
+    was = _ACTIVE["on"]
+    use_native_kernels(True)
+    try:
+        for _ in range(20):
+            mask = allocate_token_bitmask(1, vocab)
+            fill_next_token_bitmask(matcher, mask, 0)
+            allowed = np.unpackbits(mask.view(np.uint8), bitorder="little")[:vocab].astype(bool)
+            choices = np.flatnonzero(allowed)
+            logits = torch.from_numpy(rng.standard_normal((1, vocab)).astype(np.float32))
+            if ties:
+                logits = logits.mul(2).round()
+            if len(choices):  # an allowed token among the largest, at a random place, or none
+                logits[0, int(rng.choice(choices))] += float(rng.choice([0.0, 2.0, 5.0]))
+            candidates = top_ids_at(logits, [0], LAZY_CANDIDATES)[0]
+            picked = lazy.first_allowed(0, candidates)
+            masked = np.where(allowed, logits[0].numpy(), -np.inf)
+            if picked is not None:
+                assert picked == int(np.argmax(masked))  # numpy's argmax: the first maximum
+            else:
+                assert matcher.compute_ff_tokens() or not allowed[candidates].any()
+            if matcher.is_stopped() or not len(choices):
+                break
+            assert matcher.consume_token(int(rng.choice(choices)))
+    finally:
+        use_native_kernels(was)
+
+
 BOUNDED = {"json": {"type": "object", "properties": {"name": {"type": "string", "minLength": 3, "maxLength": 30},
                                                      "note": {"type": "string"}},
                     "required": ["name", "note"], "additionalProperties": False}, "disable_any_whitespace": True}

@@ -298,6 +298,35 @@ def test_logit_topk_matches_torch(native, rows, vocab, k, masked, scale, ties, g
     assert torch.equal(top.rank, (logits >= top.chosen_value[:, None]).sum(dim=-1))
 
 
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(1, 6), vocab=st.integers(1, 3000), k=st.integers(1, 12), ties=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_topk_at_reads_the_named_rows_in_place(native, rows, vocab, k, ties, seed):
+    from batchgen_data.engine.sample.kernels import top_ids_at
+
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, vocab, generator=g)
+    if ties:
+        logits = logits.round()
+    logits[torch.rand(rows, vocab, generator=g) < 0.2] = float("-inf")
+    picked = [r for r in range(rows) if (r + seed) % 2 == 0] or [0]
+    k = min(k, vocab)
+    got = native.topk_at(logits, picked, k)
+    for i, r in enumerate(picked):
+        order = torch.sort(logits[r], descending=True, stable=True).indices[:k]
+        finite = logits[r, order].isfinite()
+        assert got[i][finite].tolist() == order[finite].tolist()
+    logits[picked[0], vocab // 2] = float("nan")
+    from batchgen_data.model.native import _ACTIVE, use_native_kernels
+
+    was = _ACTIVE["on"]
+    use_native_kernels(True)
+    try:
+        assert top_ids_at(logits, picked, k)[0] == []  # a NaN row: no candidates (its mask is filled)
+    finally:
+        use_native_kernels(was)
+
+
 def test_logprobs_take_one_native_read_of_each_row_and_keep_their_values(native, monkeypatch):
     """``token_logprobs`` through the native kernel gives what the torch passes give."""
     from batchgen_data.engine.sample import logprob_capture

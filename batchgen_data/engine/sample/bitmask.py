@@ -32,7 +32,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from batchgen_data.engine.sample.kernels import first_argmax_at, native_for
+from batchgen_data.engine.sample.kernels import native_for, top_ids_at
 
 _BIT_SHIFTS: dict[torch.device, torch.Tensor] = {}
 
@@ -50,26 +50,32 @@ class LazyRows(Protocol):
 
     mask_rows: list[int]
 
-    def allows(self, i: int, token: int) -> bool: ...
+    def first_allowed(self, i: int, tokens: list[int]) -> int | None: ...
 
     def fill(self, i: int, bitmask: np.ndarray) -> None: ...
 
 
+LAZY_CANDIDATES = 8  # a lazy row's largest logits offered to its grammar, in order
+
+
 def pick_lazily(logits: torch.Tensor, bitmask: np.ndarray, rows: list[int], greedy: list[bool] | None,
                 lazy: LazyRows) -> tuple[list[int], GrammarPicks | None]:
-    """The lazy rows' picks: a greedy row whose first maximum over all its logits its grammar
-    allows takes that token (the first maximum over the allowed tokens, which the mask would
-    give); every other lazy row gets its mask filled into ``bitmask`` now. Returns the mask rows
-    still to apply (``apply_token_bitmask``) and the picks."""
+    """The lazy rows' picks: a greedy row takes the first of its ``LAZY_CANDIDATES`` largest
+    logits (value down, id up) that its grammar allows; that is the first maximum over the
+    allowed tokens, which the mask would give, since every allowed token outside them comes
+    after them in that order. A row none of whose candidates is allowed gets its mask filled
+    into ``bitmask`` now. Returns the mask rows still to apply (``apply_token_bitmask``) and
+    the picks."""
     picked: set[int] = set()
     pick_rows: list[int] = []
     pick_tokens: list[int] = []
     candidates = [i for i, mask_row in enumerate(lazy.mask_rows) if greedy is not None and greedy[mask_row]]
-    argmax = first_argmax_at(logits, [rows[lazy.mask_rows[i]] for i in candidates]).tolist() if candidates else []
-    tokens = dict(zip(candidates, argmax))
+    tops = top_ids_at(logits, [rows[lazy.mask_rows[i]] for i in candidates], LAZY_CANDIDATES) if candidates else []
+    offered = dict(zip(candidates, tops))
     for i, mask_row in enumerate(lazy.mask_rows):
-        token = tokens.get(i)
-        if token is not None and lazy.allows(i, token):
+        tokens = offered.get(i)
+        token = lazy.first_allowed(i, tokens) if tokens else None
+        if token is not None:
             picked.add(mask_row)
             pick_rows.append(rows[mask_row])
             pick_tokens.append(token)

@@ -106,6 +106,17 @@ def first_argmax_at(x: torch.Tensor, rows: list[int]) -> torch.Tensor:
     return first_argmax(x[torch.tensor(rows, device=x.device)]).cpu()
 
 
+def top_ids_at(x: torch.Tensor, rows: list[int], k: int) -> list[list[int]]:
+    """For each of rows ``rows`` of x, its first ``k`` token ids in the order (value down, id
+    up), read in place by one native call where the native kernels are on; else its first
+    maximum alone (``first_argmax_at``). A row holding a NaN gets no ids (native)."""
+    native = native_for(x) if x.shape[1] else None
+    if native is None:
+        return [[token] for token in first_argmax_at(x, rows).tolist()]
+    ids = native.topk_at(x, rows, min(k, x.shape[1])).tolist()
+    return [[] if row[0] < 0 else row for row in ids]
+
+
 def native_for(logits: torch.Tensor):
     """The native kernels where the engine turned them on and ``logits`` is a contiguous fp32
     CPU tensor, else None (the torch and numpy paths)."""

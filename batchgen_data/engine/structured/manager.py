@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from batchgen_data.engine.structured.compiler import GrammarCompiler
-from batchgen_data.engine.structured.lazy import LazyGrammarRows
+from batchgen_data.engine.structured.lazy import LAZY_MIN_SHARE, LazyGrammarRows
 from batchgen_data.engine.structured.request import StructuredRequest
 from batchgen_data.errors import BatchGenError
 
@@ -161,12 +161,13 @@ class StructuredOutputManager:
         self.mask_s += time.perf_counter() - start
 
     def _note_density(self, filled: list[tuple[int, StructuredRequest]], mask: np.ndarray) -> None:
-        """Whether each filled (row, request) allowed at least half the vocabulary, estimated from
-        every 8th word (a choice of which rows to check lazily: it never changes a token)."""
+        """Whether each filled (row, request) allowed at least 1 / ``LAZY_MIN_SHARE`` of the
+        vocabulary, estimated from every 8th word (a choice of which rows to check lazily: it
+        never changes a token)."""
         sample = mask[:, ::8].view(np.uint32)  # a view: no copy of the rows
         allowed = np.bitwise_count(sample[[row for row, _ in filled]]).sum(axis=1)
         for (_, request), count in zip(filled, allowed.tolist()):
-            request.lazy = 2 * count * 8 >= self.vocab_size
+            request.lazy = LAZY_MIN_SHARE * count * 8 >= self.vocab_size
 
     @staticmethod
     def accept(seq: Sequence, token: int) -> str | None:

@@ -75,6 +75,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return logit_topk_rows(as<const float>(x), n, V, k, as<int64_t>(chosen), as<float>(top_values),
                            as<int64_t>(top_ids), as<float>(log_norm), as<float>(chosen_value), as<int64_t>(rank));
   }, py::call_guard<py::gil_scoped_release>());
+  m.def("logit_topk_at", [](std::uintptr_t x, int64_t num_rows, int64_t V, std::uintptr_t rows, int64_t n, int64_t k,
+                            std::uintptr_t top_values, std::uintptr_t top_ids) {
+    return logit_topk_at(as<const float>(x), num_rows, V, as<const int64_t>(rows), n, k, as<float>(top_values),
+                         as<int64_t>(top_ids));
+  }, py::call_guard<py::gil_scoped_release>());
   m.def("logit_topk_stream", [](std::uintptr_t x, int64_t n, int64_t C, int64_t offset, int64_t k, bool with_norm,
                                 std::uintptr_t m, std::uintptr_t total, std::uintptr_t ties, std::uintptr_t top_values,
                                 std::uintptr_t top_ids, std::uintptr_t size, std::uintptr_t bad) {

@@ -70,6 +70,12 @@ bool moe_block_decode(const float* h, float* h_out, int64_t T, int64_t H, const 
 int64_t logit_topk_rows(const float* x, int64_t n, int64_t V, int64_t k, int64_t* chosen, float* top_values,
                         int64_t* top_ids, float* log_norm, float* chosen_value, int64_t* rank);
 
+// The top k of rows rows[0..n) of x [num_rows, V] in place (top_values, top_ids [n, k], order
+// as above), no sums: a row holding a NaN gets top_ids[i * k] = -1 and nothing else. Returns
+// how many did; -1 (nothing computed) unless 0 < k <= V and every row is in range.
+int64_t logit_topk_at(const float* x, int64_t num_rows, int64_t V, const int64_t* rows, int64_t n, int64_t k,
+                      float* top_values, int64_t* top_ids);
+
 // The same over a vocabulary too long to keep as logits, a chunk x [n, C] of them at a time
 // (tokens offset .. offset + C, in order; the lm_head's GEMM writes each chunk while the last
 // is in cache): per row, the maximum so far m, sum exp(x - m) (total, with_norm only), how many

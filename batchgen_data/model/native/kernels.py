@@ -115,6 +115,18 @@ class NativeKernels:
             raise ValueError(f"logit_topk: k={k} or a chosen token out of range for {tuple(logits.shape)}")
         return out
 
+    def topk_at(self, x: torch.Tensor, rows: list[int], k: int) -> torch.Tensor:
+        """The ids of the top ``k`` of rows ``rows`` of x [N, V] (fp32, CPU, contiguous), read
+        in place: [len(rows), k] int64, larger value first, ties by the smaller id; a row holding
+        a NaN has -1 first (its order is not defined)."""
+        num_rows, vocab = x.shape
+        index = torch.tensor(rows, dtype=torch.int64)
+        values, ids = torch.empty(len(rows), k), torch.empty(len(rows), k, dtype=torch.int64)
+        if self.library.logit_topk_at(x.data_ptr(), num_rows, vocab, index.data_ptr(), len(rows), k, values.data_ptr(),
+                                      ids.data_ptr()) < 0:
+            raise ValueError(f"topk_at: k={k} or a row out of range for {tuple(x.shape)}: {rows}")
+        return ids
+
     def lm_head_topk(self, x: torch.Tensor, head: torch.Tensor, k: int, with_norm: bool, chunk: int) -> LogitTopK | None:
         """``logit_topk(x @ head.T, k)`` with each row's greedy token (its first maximum) as the
         chosen one, without the [n, V] logits: torch's GEMM writes ``chunk`` vocabulary columns

@@ -114,6 +114,24 @@ float stats_pass(const float* row, int64_t V, float* block_max) {
   return top + static_cast<float>(std::log(total));
 }
 
+// The blocks' maxima alone (no sum); false if the row holds a NaN.
+bool max_pass(const float* row, int64_t V, float* block_max) {
+  const int64_t blocks = V / kBlock;
+  bool nan = false;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float* p = row + b * kBlock;
+    vec vm = vset1(kLowest);
+    for (int64_t i = 0; i < kVecs; ++i) {
+      const vec v = vload(p + i * kWidth);
+      nan |= vhasnan(v);
+      vm = vmax(vm, v);
+    }
+    block_max[b] = vmaxall(vm);
+  }
+  for (int64_t j = blocks * kBlock; j < V; ++j) nan |= std::isnan(row[j]);
+  return !nan;
+}
+
 // The k largest tokens (values, ids: sorted by `before`), from the block maxima: each of the k
 // largest tokens lies in a block whose maximum is among the k largest block maxima (in the same
 // order; else k blocks' maxima would each come before it), or in the tail.
@@ -239,5 +257,28 @@ int64_t logit_topk_stream(const float* x, int64_t n, int64_t C, int64_t offset, 
     bad[i] = nan || std::isnan(ti) || std::isinf(mi);
   }
   return 0;
+}
+
+int64_t logit_topk_at(const float* x, int64_t num_rows, int64_t V, const int64_t* rows, int64_t n, int64_t k,
+                      float* top_values, int64_t* top_ids) {
+  if (V <= 0 || k <= 0 || k > V) return -1;
+  for (int64_t i = 0; i < n; ++i)
+    if (rows[i] < 0 || rows[i] >= num_rows) return -1;
+  int64_t with_nan = 0;
+#pragma omp parallel reduction(+ : with_nan)
+  {
+    std::vector<float> block_max(V / kBlock);
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float* row = x + rows[i] * V;
+      if (!max_pass(row, V, block_max.data())) {
+        top_ids[i * k] = -1;
+        ++with_nan;
+        continue;
+      }
+      top_k(row, V, block_max.data(), k, top_values + i * k, top_ids + i * k);
+    }
+  }
+  return with_nan;
 }
 
