@@ -55,7 +55,7 @@ class LazyRows(Protocol):
     def fill(self, i: int, bitmask: np.ndarray) -> None: ...
 
 
-LAZY_CANDIDATES = 8  # a lazy row's largest logits offered to its grammar, in order
+LAZY_CANDIDATES = 16  # a lazy row's largest logits offered to its grammar, in order
 
 
 def pick_lazily(logits: torch.Tensor, bitmask: np.ndarray, rows: list[int], greedy: list[bool] | None,
