@@ -16,18 +16,29 @@ pays depends on the BLAS: here the whole GEMM was 3-7% faster than the chunks fo
 and 1.3-1.5x slower from 56 rows (MKL changes its algorithm in between; ad-hoc run). So
 ``HeadChoice`` measures: for each size bucket, the first steps alternate the two ways and the
 faster one serves from then on. Tokens and logprobs are the same either way; only time differs.
+The choices are kept on disk per machine, torch, thread count and LM head shape
+(``<cache>/lm-head-choices/``, ``HeadChoice.for_head``), so only a machine's first engine times
+them: on a short job the timed steps are a visible share (2% of a 16-token, 48-row run).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+import platform
 import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from batchgen_data.model.fused_decode import MAX_TOKENS
 from batchgen_data.model.native import active_native
 from batchgen_data.model.native.kernels import LogitTopK
+from batchgen_data.paths import cache_dir, write_cache_file
+
+logger = logging.getLogger(__name__)
 
 CHUNK = 8192  # vocabulary columns per GEMM: 64 rows of them are 2 MiB, one core's L2 here
 
@@ -56,11 +67,32 @@ class HeadChoice:
     """Chunked LM head or whole logits, per (row bucket, with_norm), chosen by timing real
     steps: ``chunked`` says which way the next step of that size goes, ``record`` takes its
     time (LM head to sampled tokens). ``enabled`` False: always the whole logits (an A/B's
-    baseline, ``benchmarks/lm_head_ab.py``)."""
+    baseline, ``benchmarks/lm_head_ab.py``). ``path``: where the choices are kept."""
 
     enabled: bool = True
+    path: Path | None = None
     times: dict[tuple[int, bool], dict[bool, list[float]]] = field(default_factory=dict)
     chosen: dict[tuple[int, bool], bool] = field(default_factory=dict)
+
+    @classmethod
+    def for_head(cls, head: torch.Tensor | None) -> HeadChoice:
+        """The choices kept for an LM head of this shape on this machine, torch and thread
+        count (none yet: an empty choice that keeps what it decides there); a model without
+        an LM head (a classifier) never takes the chunked head."""
+        from batchgen_data.hardware import cpu_model
+
+        if head is None:
+            return cls(enabled=False)
+        parts = [platform.machine(), cpu_model(), torch.__version__, torch.get_num_threads(), tuple(head.shape),
+                 str(head.dtype), CHUNK, BUCKET, TRIALS]
+        path = cache_dir() / "lm-head-choices" / f"{hashlib.sha1(repr(parts).encode()).hexdigest()[:16]}.json"
+        choice = cls(path=path)
+        if path.is_file():
+            try:
+                choice.chosen = {(int(b), bool(n)): bool(c) for b, n, c in json.loads(path.read_text())["chosen"]}
+            except (ValueError, KeyError, TypeError, OSError) as err:
+                logger.warning("ignoring unreadable LM head choices %s: %s", path, err)
+        return choice
 
     def chunked(self, rows: int, with_norm: bool) -> bool:
         if not self.enabled:
@@ -73,9 +105,20 @@ class HeadChoice:
 
     def record(self, rows: int, with_norm: bool, chunked: bool, seconds: float) -> None:
         key = (rows // BUCKET, with_norm)
-        if key in self.chosen:
+        if key in self.chosen or not self.enabled:
             return
         timed = self.times.setdefault(key, {True: [], False: []})
         timed[chunked].append(seconds)
         if len(timed[True]) >= TRIALS and len(timed[False]) >= TRIALS:
             self.chosen[key] = statistics.median(timed[True]) <= statistics.median(timed[False])
+            self._keep()
+
+    def _keep(self) -> None:
+        if self.path is None:
+            return
+        try:  # other engines on the machine may add theirs: keep the union
+            kept = json.loads(self.path.read_text())["chosen"] if self.path.is_file() else []
+            merged = {(int(b), bool(n)): bool(c) for b, n, c in kept} | self.chosen
+            write_cache_file(self.path, json.dumps({"chosen": [[b, n, c] for (b, n), c in sorted(merged.items())]}))
+        except (ValueError, KeyError, TypeError, OSError) as err:
+            logger.warning("could not keep the LM head choices at %s: %s", self.path, err)

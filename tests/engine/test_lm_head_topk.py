@@ -70,6 +70,7 @@ def test_a_step_of_many_greedy_rows_takes_the_same_tokens_without_its_logits(tin
     plain = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
     with_logprobs = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True, logprobs=3)
     with Engine(folder, EngineConfig(block_size=8, max_num_seqs=64)) as engine:
+        engine.executor.runner.head_choice = HeadChoice()  # times both ways (none kept from earlier runs)
         monkeypatch.setattr(model_runner, "lm_head_topk", lambda *args: None)
         expected = engine.generate(prompts, plain)
         monkeypatch.setattr(model_runner, "lm_head_topk", spy)
@@ -103,3 +104,18 @@ def test_the_head_choice_times_both_ways_then_keeps_the_faster_per_size():
     assert {chunked for rows, chunked in seen[8:] if rows == 40} == {False}
     assert {chunked for rows, chunked in seen[8:] if rows == 60} == {True}
     assert choice.chunked(41, False) is False and choice.chunked(41, True) is True  # same bucket; not timed with norm
+
+
+def test_the_head_choice_is_kept_for_the_next_engine_on_the_machine(tmp_path, monkeypatch):
+    import batchgen_data.model.lm_head_topk as module
+
+    monkeypatch.setattr(module, "cache_dir", lambda: tmp_path)
+    head = torch.empty(1000, 16)
+    first = HeadChoice.for_head(head)
+    for chunked, seconds in ((True, 1.0), (False, 2.0), (True, 1.0), (False, 2.0)):
+        first.record(60, True, chunked, seconds)
+    assert first.chosen == {(7, True): True}
+    again = HeadChoice.for_head(head)
+    assert again.chosen == {(7, True): True} and again.chunked(63, True) is True
+    assert HeadChoice.for_head(torch.empty(1000, 32)).chosen == {}  # another head shape: timed anew
+    assert HeadChoice.for_head(None).chunked(60, True) is False  # no LM head (a classifier)

@@ -87,7 +87,7 @@ class ModelRunner:
         self.attention_batch_size = attention_batch_size
         self.block_size = kv_cache.block_size
         self.sampler = sampler or Sampler()
-        self.head_choice = HeadChoice()
+        self.head_choice = HeadChoice.for_head(model.lm_head)
         self.stats = RunnerStats()
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
