@@ -15,7 +15,7 @@ rows; fewer rows' logits fit in cache anyway and come from the native skinny GEM
 pays depends on the BLAS: here the whole GEMM was 3-7% faster than the chunks for 33-48 rows
 and 1.3-1.5x slower from 56 rows (MKL changes its algorithm in between; ad-hoc run). So
 ``HeadChoice`` measures: for each size bucket, the first steps alternate the two ways and the
-faster one serves from then on. Tokens and logprobs are the same either way; only time differs.
+chunked head serves from then on only where it was at least 3% faster. Tokens and logprobs are the same either way; only time differs.
 The choices are kept on disk per machine, torch, thread count and LM head shape
 (``<cache>/lm-head-choices/``, ``HeadChoice.for_head``), so only a machine's first engine times
 them: on a short job the timed steps are a visible share (2% of a 16-token, 48-row run).
@@ -58,7 +58,10 @@ def lm_head_topk(model, hidden: torch.Tensor, k: int, with_norm: bool) -> LogitT
     return native.lm_head_topk(model.final_norm(hidden).contiguous(), head, k, with_norm, CHUNK)
 
 
-TRIALS = 2  # steps timed each way per bucket before one is chosen
+TRIALS = 3  # steps timed each way per bucket before one is chosen
+# The chunked head serves a bucket only where its median step is this much faster: a step's time
+# varies by a few percent, and a choice made on noise would stay (it is kept on disk).
+MARGIN = 0.97
 BUCKET = 8  # rows: sizes within one bucket share a choice
 
 
@@ -84,7 +87,7 @@ class HeadChoice:
         if head is None:
             return cls(enabled=False)
         parts = [platform.machine(), cpu_model(), torch.__version__, torch.get_num_threads(), tuple(head.shape),
-                 str(head.dtype), CHUNK, BUCKET, TRIALS]
+                 str(head.dtype), CHUNK, BUCKET, TRIALS, MARGIN]
         path = cache_dir() / "lm-head-choices" / f"{hashlib.sha1(repr(parts).encode()).hexdigest()[:16]}.json"
         choice = cls(path=path)
         if path.is_file():
@@ -110,7 +113,7 @@ class HeadChoice:
         timed = self.times.setdefault(key, {True: [], False: []})
         timed[chunked].append(seconds)
         if len(timed[True]) >= TRIALS and len(timed[False]) >= TRIALS:
-            self.chosen[key] = statistics.median(timed[True]) <= statistics.median(timed[False])
+            self.chosen[key] = statistics.median(timed[True]) <= MARGIN * statistics.median(timed[False])
             self._keep()
 
     def _keep(self) -> None:
