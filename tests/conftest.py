@@ -74,3 +74,15 @@ def pytest_configure(config):
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(root / "tiktoken"))
     os.environ.setdefault("HF_HOME", str(root / "huggingface"))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="module")
+def native():
+    """The compiled CPU kernels, or a skip where they do not build here (no C++ compiler or
+    torch headers)."""
+    from batchgen_data.model.native import load_native
+
+    module = load_native()
+    if module is None:
+        pytest.skip("the native kernels do not build here (no C++ compiler or torch headers)")
+    return module

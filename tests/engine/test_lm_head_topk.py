@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
@@ -12,15 +11,6 @@ from hypothesis import strategies as st
 from batchgen_data import Engine, EngineConfig, SamplingParams
 from batchgen_data.engine.worker import model_runner
 from batchgen_data.model.lm_head_topk import HeadChoice
-from batchgen_data.model.native import load_native
-
-
-@pytest.fixture(scope="module")
-def native():
-    module = load_native()
-    if module is None:
-        pytest.skip("the native kernels do not build here")
-    return module
 
 
 @settings(max_examples=30, deadline=None)

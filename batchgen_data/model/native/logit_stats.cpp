@@ -63,6 +63,16 @@ inline void offer(float v, int64_t id, float* values, int64_t* ids, int64_t& siz
   ids[p] = id;
 }
 
+// Loads the block at p into v; returns its maximum.
+inline float load_block(const float* p, vec* v) {
+  vec vm = vset1(kLowest);
+  for (int64_t i = 0; i < kVecs; ++i) {
+    v[i] = vload(p + i * kWidth);
+    vm = vmax(vm, v[i]);
+  }
+  return vmaxall(vm);
+}
+
 // The blocks' maxima and the row's log sum exp (NaN if the row holds one, +inf if it holds +inf).
 float stats_pass(const float* row, int64_t V, float* block_max) {
   const int64_t blocks = V / kBlock;
@@ -71,14 +81,8 @@ float stats_pass(const float* row, int64_t V, float* block_max) {
   vec acc = vzero();   // ... and over the blocks since
   bool nan = false;
   for (int64_t b = 0; b < blocks; ++b) {
-    const float* p = row + b * kBlock;
     vec v[kVecs];
-    vec vm = vset1(kLowest);
-    for (int64_t i = 0; i < kVecs; ++i) {
-      v[i] = vload(p + i * kWidth);
-      vm = vmax(vm, v[i]);
-    }
-    const float bm = vmaxall(vm);
+    const float bm = load_block(row + b * kBlock, v);
     block_max[b] = bm;
     if (bm > m) {  // a new shift: what is summed so far is scaled to it (exp(-inf) = 0 at the start)
       const float scale = std::exp(m - bm);
@@ -207,12 +211,7 @@ int64_t logit_topk_stream(const float* x, int64_t n, int64_t C, int64_t offset, 
     for (int64_t b = 0; b < blocks; ++b) {
       const float* p = row + b * kBlock;
       vec v[kVecs];
-      vec vm = vset1(kLowest);
-      for (int64_t j = 0; j < kVecs; ++j) {
-        v[j] = vload(p + j * kWidth);
-        vm = vmax(vm, v[j]);
-      }
-      const float bm = vmaxall(vm);
+      const float bm = load_block(p, v);
       if (bm > mi) {  // a new maximum: the sum so far is scaled to it, its ties start again
         const double scale = std::exp(static_cast<double>(mi) - bm);
         ti = (ti + vsum(acc)) * scale;
