@@ -2,23 +2,23 @@
 
 NOTE: with 64 rows and a 152k vocabulary the logits are 39 MB. Written by the LM head's GEMM and
 read again for the argmax (or the log sum exp of logprobs), they cost two passes through memory
-that the rest of the step does not need: the GEMM alone took 34 ms against 25 ms for the same
-GEMM a chunk at a time into a buffer that stays in cache (2-core Xeon, demo model, ad-hoc run).
-So where every row of a step is greedy and nothing else reads its logits (no processor,
-grammar, sampled row or draft), the GEMM runs ``CHUNK`` vocabulary columns at a time and the
-native kernel (``logit_topk_stream``) takes each chunk's maximum, ties, top k and, for logprobs,
-its sum of exponentials while the chunk is in cache. Each output is one dot product over the
-hidden size either way, so a chunk's logits are bitwise the whole GEMM's (tested).
+that the rest of the step does not need. So where every row of a step is greedy and nothing else
+reads its logits (no processor, grammar, sampled row or draft), the GEMM runs ``CHUNK``
+vocabulary columns at a time into a buffer that stays in cache and the native kernel
+(``logit_topk_stream``) takes each chunk's maximum, ties, top k and, for logprobs, its sum of
+exponentials while the chunk is in cache. Each output is one dot product over the hidden size
+either way, so a chunk's logits are bitwise the whole GEMM's (tested).
 
 It applies where ``compute_logits`` would run a GEMM over more than ``fused_decode.MAX_TOKENS``
 rows; fewer rows' logits fit in cache anyway and come from the native skinny GEMM. Whether it
-pays depends on the BLAS: here the whole GEMM was 3-7% faster than the chunks for 33-48 rows
-and 1.3-1.5x slower from 56 rows (MKL changes its algorithm in between; ad-hoc run). So
-``HeadChoice`` measures: for each size bucket, the first steps alternate the two ways and the
-chunked head serves from then on only where it was at least 3% faster. Tokens and logprobs are the same either way; only time differs.
-The choices are kept on disk per machine, torch, thread count and LM head shape
-(``<cache>/lm-head-choices/``, ``HeadChoice.for_head``), so only a machine's first engine times
-them: on a short job the timed steps are a visible share (2% of a 16-token, 48-row run).
+pays depends on the BLAS: on the demo model here the chunks made a 56- or 64-row greedy run
+0.76-0.80x and a 40- or 48-row one no faster (``benchmarks/lm_head_ab.py``: MKL's whole GEMM
+slows sharply between 48 and 56 rows). So ``HeadChoice`` measures: for each size bucket, the
+first steps alternate the two ways, and the chunked head serves from then on only where it was
+at least 3% faster. Tokens and logprobs are the same either way; only time differs. The choices
+are kept on disk per machine, torch, thread count and LM head shape (``<cache>/lm-head-choices/``,
+``HeadChoice.for_head``), so only a machine's first engine times them: on a short job the timed
+steps are a visible share.
 """
 
 from __future__ import annotations
