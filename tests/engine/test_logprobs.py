@@ -169,3 +169,19 @@ def test_prompt_logprobs_take_no_cached_prefix_and_requests_without_pay_nothing(
 def test_out_of_range_logprobs_are_config_errors(bad):
     with pytest.raises(ConfigError, match="logprobs must be an int in \\[0, 20\\]"):
         SamplingParams(**bad)
+
+
+def test_token_texts_decoded_in_one_call_equal_decoding_each_token(demo_path):
+    """``decode_each`` (logprobs' ``decoded_token``, one Rust call) against ``decode([t])`` per
+    token on the demo's tokenizer: special tokens, byte-level pieces and the model's padding ids
+    beyond the tokenizer."""
+    import random
+
+    from batchgen_data.engine.tokenizer import PromptTokenizer
+    from batchgen_data.model import ModelConfig
+
+    config = ModelConfig.from_pretrained(demo_path)
+    tokenizer = PromptTokenizer(demo_path, config.vocab_size)
+    ids = random.Random(0).sample(range(config.vocab_size), 2000) + list(tokenizer.hf.all_special_ids)
+    ids += list(range(len(tokenizer.hf), config.vocab_size, 7))
+    assert tokenizer.decode_each(ids) == [tokenizer.decode([t], skip_special_tokens=False) for t in ids]
