@@ -66,7 +66,7 @@ def test_the_check_says_what_the_mask_says(manager, constraint, seed):
                                  hf.all_special_ids])
         forced = bool(matcher.compute_ff_tokens())
         for token in tokens.tolist():
-            assert lazy.allows(0, token) == (bool(allowed[token]) and not forced), (constraint, token)
+            assert (lazy.first_allowed(0, [token]) == token) == (bool(allowed[token]) and not forced), (constraint, token)
         choices = np.flatnonzero(allowed)
         if matcher.is_stopped() or not len(choices):
             break

@@ -74,8 +74,9 @@ def first_argmax(x: torch.Tensor) -> torch.Tensor:
     Where the engine turned the native kernels on (fp32, CPU) it is one native call
     (``model/native/argmax.cpp``). Otherwise, on CPU over a long row it goes through block
     maxima: ``amax`` over blocks of ``_ARGMAX_BLOCK`` tokens is one fast reduction, the first
-    block holding the row's maximum holds its first occurrence, and only that block is searched; ``max(dim).indices`` over 64 rows of a 152k
-    vocabulary takes ~5-7 ms on a 2-core EPYC, this ~1 ms. Elsewhere (and on short rows)
+    block holding the row's maximum holds its first occurrence, and only that block is searched;
+    ``max(dim).indices`` over 64 rows of a 152k vocabulary takes ~5-7 ms on a 2-core EPYC, this
+    ~1 ms. Elsewhere (and on short rows)
     ``max(dim).indices``, which has the same documented semantics and beats ``argmax`` 3-4x.
     """
     num_rows, vocab = x.shape
@@ -97,22 +98,13 @@ def first_argmax(x: torch.Tensor) -> torch.Tensor:
     return starts + hit.int().argmax(dim=-1)  # the first hit (clamped repeats come after it)
 
 
-def first_argmax_at(x: torch.Tensor, rows: list[int]) -> torch.Tensor:
-    """``first_argmax(x[rows])`` (a host tensor), in one native call over the rows in place
-    where the native kernels are on."""
-    native = native_for(x) if x.shape[1] else None
-    if native is not None:
-        return native.first_argmax_at(x, rows)
-    return first_argmax(x[torch.tensor(rows, device=x.device)]).cpu()
-
-
 def top_ids_at(x: torch.Tensor, rows: list[int], k: int) -> list[list[int]]:
     """For each of rows ``rows`` of x, its first ``k`` token ids in the order (value down, id
     up), read in place by one native call where the native kernels are on; else its first
-    maximum alone (``first_argmax_at``). A row holding a NaN gets no ids (native)."""
+    maximum alone (``first_argmax``). A row holding a NaN gets no ids (native)."""
     native = native_for(x) if x.shape[1] else None
     if native is None:
-        return [[token] for token in first_argmax_at(x, rows).tolist()]
+        return [[token] for token in first_argmax(x[torch.tensor(rows, device=x.device)]).tolist()]
     ids = native.topk_at(x, rows, min(k, x.shape[1])).tolist()
     return [[] if row[0] < 0 else row for row in ids]
 

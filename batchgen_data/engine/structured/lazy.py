@@ -80,10 +80,6 @@ class LazyGrammarRows:
         self.manager.mask_s += time.perf_counter() - start
         return found
 
-    def allows(self, i: int, token: int) -> bool:
-        """Whether row ``i``'s mask would allow ``token`` (``first_allowed`` of that one token)."""
-        return self.first_allowed(i, [token]) == token
-
     def fill(self, i: int, bitmask: np.ndarray) -> None:
         """Fill row ``i``'s mask into its row of ``bitmask`` (the step's bitmask, in place)."""
         self.manager.fill_row(self.requests[i], bitmask, self.mask_rows[i])

@@ -50,12 +50,3 @@ bool first_argmax_rows(const float* x, int64_t n, int64_t V, int64_t* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = first_max(x + i * V, V);
   return true;
 }
-
-bool first_argmax_at(const float* x, int64_t num_rows, int64_t V, const int64_t* rows, int64_t n, int64_t* out) {
-  if (V <= 0) return false;
-  for (int64_t i = 0; i < n; ++i)
-    if (rows[i] < 0 || rows[i] >= num_rows) return false;
-#pragma omp parallel for schedule(static) if (n > 1)
-  for (int64_t i = 0; i < n; ++i) out[i] = first_max(x + rows[i] * V, V);
-  return true;
-}

@@ -92,10 +92,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return grammar_mask(as<float>(x), num_rows, V, as<const int64_t>(rows), n, as<const int32_t>(words), W,
                         as<const uint8_t>(greedy), as<int64_t>(picks));
   }, py::call_guard<py::gil_scoped_release>());
-  m.def("first_argmax_at", [](std::uintptr_t x, int64_t num_rows, int64_t V, std::uintptr_t rows, int64_t n,
-                              std::uintptr_t out) {
-    return first_argmax_at(as<const float>(x), num_rows, V, as<const int64_t>(rows), n, as<int64_t>(out));
-  });
   m.def("first_argmax_rows", [](std::uintptr_t x, int64_t n, int64_t V, std::uintptr_t out) {
     return first_argmax_rows(as<const float>(x), n, V, as<int64_t>(out));
   }, py::call_guard<py::gil_scoped_release>());

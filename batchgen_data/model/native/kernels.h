@@ -98,10 +98,6 @@ bool grammar_mask(float* x, int64_t num_rows, int64_t V, const int64_t* rows, in
 // the first NaN wins, as torch.argmax). False for V <= 0.
 bool first_argmax_rows(const float* x, int64_t n, int64_t V, int64_t* out);
 
-// The same for rows rows[0..n) of x [num_rows, V] (out[i] for row rows[i]). False (nothing
-// computed) for V <= 0 or a row out of range.
-bool first_argmax_at(const float* x, int64_t num_rows, int64_t V, const int64_t* rows, int64_t n, int64_t* out);
-
 // A whole decode forward over L decoder layers, each ``attention_block_decode`` then
 // ``moe_block_decode``, h [T, H] updated in place. Per layer, layer_ptrs [L, kLayerPtrs]: input
 // norm, w_qkv, q_norm (or 0), k_norm (or 0), k_cache, v_cache, w_o, post-attention norm,

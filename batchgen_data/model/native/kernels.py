@@ -163,17 +163,6 @@ class NativeKernels:
             raise ValueError(f"first_argmax: an empty row ({tuple(x.shape)})")
         return out
 
-    def first_argmax_at(self, x: torch.Tensor, rows: list[int]) -> torch.Tensor:
-        """``first_argmax`` of rows ``rows`` of x [N, V] (fp32, CPU, contiguous), without
-        gathering them."""
-        num_rows, vocab = x.shape
-        index = torch.tensor(rows, dtype=torch.int64)
-        out = torch.empty(len(rows), dtype=torch.int64)
-        if not self.library.first_argmax_at(x.data_ptr(), num_rows, vocab, index.data_ptr(), len(rows),
-                                            out.data_ptr()):
-            raise ValueError(f"first_argmax_at: a row out of range or an empty row ({tuple(x.shape)}, {rows})")
-        return out
-
     def grammar_mask(self, logits: torch.Tensor, rows: np.ndarray, words: np.ndarray, greedy: np.ndarray) -> np.ndarray:
         """Structured outputs on ``logits`` [N, V] (in place): rows ``rows`` [n] int64 under the
         bitmasks ``words`` [n, ceil(V / 32)] int32. A ``greedy`` [n] row allowing some token is
