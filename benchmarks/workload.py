@@ -69,7 +69,12 @@ BENCH_PREFIX_CONFIG = dict(BENCH_MODEL_CONFIG, vocab_size=2048, hidden_size=512,
 # vocabulary of 8,192; one sequence's step reads ~94 MiB of weights (attention, 2 of 16 experts
 # per layer, the LM head).
 BENCH_DECODE_CONFIG = dict(BENCH_PREFIX_CONFIG, vocab_size=8192, num_local_experts=16)
+# For prompt_logprobs (issue #36): the prefix model's layers, 32 of them as in Mixtral 8x7B, with
+# its 32k vocabulary, so the LM head is ~9% of a token's FLOPs as in real MoE models (Mixtral
+# 8x7B ~1%, Qwen3-30B-A3B ~10%) where the demo's is 92%; ~610 M parameters, 2.4 GB in fp32.
+BENCH_DEEP_CONFIG = dict(BENCH_PREFIX_CONFIG, vocab_size=32000, num_hidden_layers=32)
 BENCH_MODELS = {"mixtral": ("bench-mixtral-206m", BENCH_MODEL_CONFIG),
+                "mixtral_deep": ("bench-mixtral-deep-32l", BENCH_DEEP_CONFIG),
                 "mixtral_decode": ("bench-mixtral-decode-16e", BENCH_DECODE_CONFIG),
                 "mixtral_small": ("bench-mixtral-small-prefix", BENCH_PREFIX_CONFIG),
                 "deepseek_v3": ("bench-deepseek-v3-mla", BENCH_DEEPSEEK_V3_CONFIG),
