@@ -31,6 +31,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from batchgen_data.model.fused_decode import MAX_TOKENS
@@ -43,11 +44,13 @@ logger = logging.getLogger(__name__)
 CHUNK = 8192  # vocabulary columns per GEMM: 64 rows of them are 2 MiB, one core's L2 here
 
 
-def lm_head_topk(model, hidden: torch.Tensor, k: int, with_norm: bool) -> LogitTopK | None:
+def lm_head_topk(model, hidden: torch.Tensor, k: int, with_norm: bool,
+                 masks: tuple[np.ndarray, np.ndarray] | None = None) -> LogitTopK | None:
     """``LogitTopK`` of ``model.compute_logits(hidden)`` with each row's first maximum as its
     chosen token (``with_norm`` False: no log sum exp, for plain greedy rows), or None where
     this does not apply (few rows, no native kernels, not fp32 on CPU) or a row needs the full
-    logits (a NaN or +inf, or only -inf)."""
+    logits (a NaN or +inf, or only -inf). ``masks`` (rows, bitmask words): those rows' grammar
+    masks, applied chunk by chunk (``NativeKernels.lm_head_topk``)."""
     head = model.lm_head
     if (hidden.shape[0] <= MAX_TOKENS or hidden.dtype != torch.float32 or not hidden.is_cpu
             or head.dtype != torch.float32 or not head.is_contiguous() or k > head.shape[0]):
@@ -55,9 +58,10 @@ def lm_head_topk(model, hidden: torch.Tensor, k: int, with_norm: bool) -> LogitT
     native = active_native()
     if native is None:
         return None
-    return native.lm_head_topk(model.final_norm(hidden).contiguous(), head, k, with_norm, CHUNK)
+    return native.lm_head_topk(model.final_norm(hidden).contiguous(), head, k, with_norm, CHUNK, masks)
 
 
+PLAIN, LOGPROBS, GRAMMAR = 0, 1, 2  # HeadChoice kinds: what the step's greedy rows need
 TRIALS = 3  # steps timed each way per bucket before one is chosen
 # The chunked head serves a bucket only where its median step is this much faster: a step's time
 # varies by a few percent, and a choice made on noise would stay (it is kept on disk).
@@ -67,15 +71,16 @@ BUCKET = 8  # rows: sizes within one bucket share a choice
 
 @dataclass
 class HeadChoice:
-    """Chunked LM head or whole logits, per (row bucket, with_norm), chosen by timing real
-    steps: ``chunked`` says which way the next step of that size goes, ``record`` takes its
+    """Chunked LM head or whole logits, per (row bucket, kind), chosen by timing real steps
+    (kind: ``PLAIN`` greedy rows, ``LOGPROBS`` greedy rows with logprobs, ``GRAMMAR`` greedy
+    rows some of them constrained): ``chunked`` says which way the next step of that size goes, ``record`` takes its
     time (LM head to sampled tokens). ``enabled`` False: always the whole logits (an A/B's
     baseline, ``benchmarks/lm_head_ab.py``). ``path``: where the choices are kept."""
 
     enabled: bool = True
     path: Path | None = None
-    times: dict[tuple[int, bool], dict[bool, list[float]]] = field(default_factory=dict)
-    chosen: dict[tuple[int, bool], bool] = field(default_factory=dict)
+    times: dict[tuple[int, int], dict[bool, list[float]]] = field(default_factory=dict)
+    chosen: dict[tuple[int, int], bool] = field(default_factory=dict)
 
     @classmethod
     def for_head(cls, head: torch.Tensor | None) -> HeadChoice:
@@ -92,22 +97,22 @@ class HeadChoice:
         choice = cls(path=path)
         if path.is_file():
             try:
-                choice.chosen = {(int(b), bool(n)): bool(c) for b, n, c in json.loads(path.read_text())["chosen"]}
+                choice.chosen = {(int(b), int(n)): bool(c) for b, n, c in json.loads(path.read_text())["chosen"]}
             except (ValueError, KeyError, TypeError, OSError) as err:
                 logger.warning("ignoring unreadable LM head choices %s: %s", path, err)
         return choice
 
-    def chunked(self, rows: int, with_norm: bool) -> bool:
+    def chunked(self, rows: int, kind: int) -> bool:
         if not self.enabled:
             return False
-        key = (rows // BUCKET, with_norm)
+        key = (rows // BUCKET, kind)
         if key in self.chosen:
             return self.chosen[key]
         timed = self.times.setdefault(key, {True: [], False: []})
         return len(timed[True]) <= len(timed[False])  # alternate, chunked first
 
-    def record(self, rows: int, with_norm: bool, chunked: bool, seconds: float) -> None:
-        key = (rows // BUCKET, with_norm)
+    def record(self, rows: int, kind: int, chunked: bool, seconds: float) -> None:
+        key = (rows // BUCKET, kind)
         if key in self.chosen or not self.enabled:
             return
         timed = self.times.setdefault(key, {True: [], False: []})
@@ -121,7 +126,7 @@ class HeadChoice:
             return
         try:  # other engines on the machine may add theirs: keep the union
             kept = json.loads(self.path.read_text())["chosen"] if self.path.is_file() else []
-            merged = {(int(b), bool(n)): bool(c) for b, n, c in kept} | self.chosen
+            merged = {(int(b), int(n)): bool(c) for b, n, c in kept} | self.chosen
             write_cache_file(self.path, json.dumps({"chosen": [[b, n, c] for (b, n), c in sorted(merged.items())]}))
         except (ValueError, KeyError, TypeError, OSError) as err:
             logger.warning("could not keep the LM head choices at %s: %s", self.path, err)

@@ -11,15 +11,18 @@ tokens even when a different thread count or batch shape changes the logits by 1
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from batchgen_data.engine.sample.batch import SamplingBatch
+from batchgen_data.engine.sample.grammar_topk import grammar_tokens, grammar_topk_k
 from batchgen_data.engine.sample.kernels import counter_uniform, first_argmax, sample
 from batchgen_data.engine.sample.logprob_capture import logprob_entries
 from batchgen_data.engine.sample.logprobs import TokenLogprobs
 from batchgen_data.engine.sample.steps import SAMPLING_STEPS, SamplingState, SamplingStep
+from batchgen_data.model.lm_head_topk import GRAMMAR, LOGPROBS, PLAIN
 
 __all__ = ["Sampler", "SamplerOutput", "SamplingBatch", "SamplingState", "SamplingStep", "counter_uniform",
            "first_argmax", "sample"]
@@ -54,22 +57,31 @@ class Sampler:
         self.steps = SAMPLING_STEPS if steps is None else steps
 
     @staticmethod
-    def greedy_topk(batch: SamplingBatch) -> tuple[int, bool] | None:
-        """(k, with_norm) where the batch's tokens and logprobs need only each row's first
-        maximum, its top k and, ``with_norm``, its log sum exp (``LogitTopK``): every row greedy,
-        no grammar, no processor, and either no row or every row asking for logprobs; else None
-        (the logits go through the steps)."""
-        if not batch.all_greedy or batch.token_bitmask is not None or batch.processors is not None:
+    def greedy_topk(batch: SamplingBatch) -> tuple[int, int] | None:
+        """(k, kind) where the batch's tokens and logprobs need only each row's first maximum
+        (over its grammar's tokens), its top k and, for ``LOGPROBS``, its log sum exp
+        (``LogitTopK``): every row greedy, no processor, and either no row or every row asking
+        for logprobs, with no grammar; or, ``GRAMMAR``, constrained rows and no logprobs
+        (``grammar_topk.py``). Else None (the logits go through the steps)."""
+        if not batch.all_greedy or batch.processors is not None:
             return None
+        if batch.token_bitmask is not None:
+            k = grammar_topk_k(batch)
+            return None if k is None else (k, GRAMMAR)
         if batch.logprob_rows is None:
-            return 1, False
+            return 1, PLAIN
         if len(batch.logprob_rows) == len(batch):
-            return max(1, max(batch.logprob_ks)), True
+            return max(1, max(batch.logprob_ks)), LOGPROBS
         return None
 
     @staticmethod
-    def from_topk(top, batch: SamplingBatch) -> SamplerOutput:
-        """What ``__call__`` gives for a ``greedy_topk`` batch, from the ``LogitTopK`` of its logits."""
+    def from_topk(top, batch: SamplingBatch,
+                  logits_of: Callable[[list[int]], torch.Tensor] | None = None) -> SamplerOutput:
+        """What ``__call__`` gives for a ``greedy_topk`` batch, from the ``LogitTopK`` of its
+        logits (the filled grammar masks applied); ``logits_of(rows)``: those rows' whole
+        logits, for constrained rows that need them (``grammar_topk.grammar_tokens``)."""
+        if batch.token_bitmask is not None:
+            return SamplerOutput(grammar_tokens(top, batch, logits_of))
         logprobs = None if batch.logprob_rows is None else logprob_entries(top, batch.logprob_ks)
         return SamplerOutput(top.chosen, logprobs)
 

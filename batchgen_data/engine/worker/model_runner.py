@@ -34,7 +34,8 @@ from batchgen_data.model import MoEModel
 from batchgen_data.model.attention.metadata import AttentionMetadata, build_attention_metadata
 from batchgen_data.model.kv_cache import KVCache
 from batchgen_data.model.fused_decode import MAX_TOKENS
-from batchgen_data.model.lm_head_topk import HeadChoice, lm_head_topk
+from batchgen_data.engine.sample.grammar_topk import filled_masks
+from batchgen_data.model.lm_head_topk import GRAMMAR, LOGPROBS, HeadChoice, lm_head_topk
 from batchgen_data.model.model import ForwardTrace
 
 # Largest padded/real attention area accepted when grouping prefill chunks into a micro-batch.
@@ -158,19 +159,22 @@ class ModelRunner:
 
     def _sample(self, states: torch.Tensor, batch: SamplingBatch, num_rows: int):
         """The LM head and the sampler on the sampling rows' states: a greedy batch of more than
-        32 rows may take the chunked head (``lm_head_topk.py``), where ``head_choice`` measured
-        it faster for that size (or is still timing both ways)."""
+        32 rows may take the chunked head (``lm_head_topk.py``; constrained rows' masks applied
+        chunk by chunk, ``grammar_topk.py``), where ``head_choice`` measured it faster for that
+        size and kind (or is still timing both ways)."""
         wanted = self.sampler.greedy_topk(batch) if num_rows == len(batch) > MAX_TOKENS else None
         if wanted is None:
             return self.sampler(self.model.compute_logits(states), batch)
         start = time.perf_counter()
-        chunked = self.head_choice.chunked(num_rows, wanted[1])
-        top = lm_head_topk(self.model, states, *wanted) if chunked else None
+        k, kind = wanted
+        chunked = self.head_choice.chunked(num_rows, kind)
+        masks = filled_masks(batch) if kind == GRAMMAR else None
+        top = lm_head_topk(self.model, states, k, kind == LOGPROBS, masks) if chunked else None
         if top is not None:
-            sampled = self.sampler.from_topk(top, batch)
+            sampled = self.sampler.from_topk(top, batch, lambda rows: self.model.compute_logits(states[rows]))
         else:
             sampled = self.sampler(self.model.compute_logits(states), batch)
-        self.head_choice.record(num_rows, wanted[1], top is not None, time.perf_counter() - start)
+        self.head_choice.record(num_rows, kind, top is not None, time.perf_counter() - start)
         return sampled
 
     def _mtp_step(self, out: SchedulerOutput, attention, hidden: torch.Tensor, input_ids: list[int],

@@ -127,14 +127,22 @@ class NativeKernels:
             raise ValueError(f"topk_at: k={k} or a row out of range for {tuple(x.shape)}: {rows}")
         return ids
 
-    def lm_head_topk(self, x: torch.Tensor, head: torch.Tensor, k: int, with_norm: bool, chunk: int) -> LogitTopK | None:
+    def lm_head_topk(self, x: torch.Tensor, head: torch.Tensor, k: int, with_norm: bool, chunk: int,
+                     masks: tuple[np.ndarray, np.ndarray] | None = None) -> LogitTopK | None:
         """``logit_topk(x @ head.T, k)`` with each row's greedy token (its first maximum) as the
         chosen one, without the [n, V] logits: torch's GEMM writes ``chunk`` vocabulary columns
         at a time into a buffer that stays in cache while the kernel takes their statistics.
         Each chunk's logits are bitwise those of the whole GEMM (one K loop per output).
         ``with_norm`` False: no log sum exp (the plain greedy token; ``log_norm`` is NaN). None
-        where a row holds a NaN or +inf, or only -inf: those take the full logits."""
+        where a row holds a NaN or +inf, or only -inf: those take the full logits.
+
+        ``masks`` (rows [r] int64, words [r, ceil(V / 32)] int32): grammar bitmasks of those rows,
+        applied to each chunk before its statistics (``grammar_mask``: -inf at the disallowed
+        tokens), so their top k and chosen token are over the allowed tokens. ``chunk`` must
+        then be a multiple of 32."""
         _check_fp32_cpu(x, head)
+        if masks is not None and chunk % 32:
+            raise ValueError(f"lm_head_topk: masks need a chunk that is a multiple of 32, got {chunk}")
         n, vocab = x.shape[0], head.shape[0]
         m = torch.full((n,), float("-inf"))
         total = torch.zeros(n, dtype=torch.float64)
@@ -147,6 +155,10 @@ class NativeKernels:
             width = min(chunk, vocab - start)
             logits = buffer[: n * width].view(n, width)
             torch.mm(x, head[start : start + width].t(), out=logits)
+            if masks is not None and len(masks[0]):
+                rows, words = masks
+                words = words[:, start // 32 : start // 32 + (width + 31) // 32]
+                self.grammar_mask(logits, rows, words, np.zeros(len(rows), dtype=np.uint8))
             stream(logits.data_ptr(), n, width, start, k, with_norm, m.data_ptr(), total.data_ptr(), ties.data_ptr(),
                    top_values.data_ptr(), top_ids.data_ptr(), size.data_ptr(), bad.data_ptr())
         if bool(bad.any()) or bool((size < k).any()) or not bool(m.isfinite().all()):

@@ -232,7 +232,8 @@ int64_t logit_topk_stream(const float* x, int64_t n, int64_t C, int64_t offset, 
           acc = vzero();
         }
       }
-      if (sz < k || bm >= values[k - 1]) {
+      // A block all -inf (a grammar mask's disallowed tokens) offers nothing once k are held.
+      if (sz < k || (bm >= values[k - 1] && bm != kLowest)) {
         for (int64_t j = 0; j < kBlock; ++j) offer(p[j], offset + b * kBlock + j, values, ids, sz, k);
       }
     }
@@ -253,7 +254,9 @@ int64_t logit_topk_stream(const float* x, int64_t n, int64_t C, int64_t offset, 
     total[i] = ti;
     ties[i] = tie;
     size[i] = sz;
-    bad[i] = nan || std::isnan(ti) || std::isinf(mi);
+    // -inf so far is not bad: a masked chunk can be all -inf (the caller rejects a row whose
+    // maximum stays -inf over the whole vocabulary).
+    bad[i] = nan || std::isnan(ti) || (std::isinf(mi) && mi > 0);
   }
   return 0;
 }

@@ -1,0 +1,80 @@
+"""Greedy constrained rows from the chunked LM head: the grammar applied chunk by chunk.
+
+NOTE: a greedy step whose rows include constrained ones can take the chunked LM head
+(``model/lm_head_topk.py``) like a plain greedy step, so it does not write and re-read the
+[N, V] logits (at 64 rows of the demo's 152k vocabulary the whole GEMM made every constrained
+run ~1.3x the unconstrained one, whose greedy steps took the chunked head). Each chunk's logits
+of a row with a filled mask get -inf at its disallowed tokens before the chunk's statistics, so
+its chosen token is the first maximum over the allowed tokens, as the mask step gives on the
+whole logits. A lazy row (``structured/lazy.py``) is not masked: its ``CANDIDATES``
+largest logits come from the same pass and are offered to its grammar in order, as
+``bitmask.pick_lazily`` does on the whole logits. A row none of whose candidates is allowed gets
+its mask filled, and its logits are computed again for it alone (one more pass over the LM head
+for the step's misses together); ``structured/lazy.py`` then fills that row for a few steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from batchgen_data.engine.sample.batch import SamplingBatch
+from batchgen_data.engine.sample.bitmask import apply_token_bitmask
+from batchgen_data.engine.sample.kernels import first_argmax
+from batchgen_data.model.native.kernels import LogitTopK
+
+# A lazy row's candidates from the chunked head: more than ``bitmask.LAZY_CANDIDATES`` because a
+# miss here costs another pass over the LM head, where on the whole logits it costs a mask fill;
+# the pass keeps them at little cost. A row whose last mask allowed 1/16 of the vocabulary (the
+# least that goes lazy) misses 1.6% of the time for tokens drawn at random, (15/16)^64;
+# ``[a-z]{400}``'s 11%, 0.06%.
+CANDIDATES = 64
+
+
+def grammar_topk_k(batch: SamplingBatch) -> int | None:
+    """The top k the chunked head must keep for a greedy batch with constrained rows (every
+    row greedy, no processor, no logprobs), or None where it does not apply."""
+    if (batch.token_bitmask is None or not batch.all_greedy or batch.processors is not None
+            or batch.logprob_rows is not None):
+        return None
+    return CANDIDATES if batch.bitmask_lazy is not None else 1
+
+
+def filled_masks(batch: SamplingBatch) -> tuple[np.ndarray, np.ndarray]:
+    """(logits rows [r] int64, words [r, W] int32) of the constrained rows whose masks are
+    filled: every mask row but the lazy ones (theirs are not written yet)."""
+    lazy = set(batch.bitmask_lazy.mask_rows) if batch.bitmask_lazy is not None else set()
+    keep = [i for i in range(len(batch.bitmask_rows)) if i not in lazy]
+    rows = np.asarray([batch.bitmask_rows[i] for i in keep], dtype=np.int64)
+    return rows, np.ascontiguousarray(batch.token_bitmask[keep])
+
+
+def grammar_tokens(top: LogitTopK, batch: SamplingBatch, logits_of: Callable[[list[int]], torch.Tensor]) -> torch.Tensor:
+    """[N] int64: each row's greedy token under its grammar, from ``top`` (the chunked head's
+    statistics, the filled masks applied); ``logits_of(rows)`` gives those rows' whole logits
+    [m, V] for the lazy rows whose candidates the grammar all rejects (see module NOTE)."""
+    tokens = top.chosen.clone()
+    lazy = batch.bitmask_lazy
+    if lazy is None:
+        return tokens
+    misses: list[int] = []  # mask rows
+    for i, mask_row in enumerate(lazy.mask_rows):
+        row = batch.bitmask_rows[mask_row]
+        token = lazy.first_allowed(i, top.top_ids[row].tolist())
+        if token is None:
+            lazy.fill(i, batch.token_bitmask)
+            misses.append(mask_row)
+        else:
+            tokens[row] = token
+    if misses:
+        rows = [batch.bitmask_rows[m] for m in misses]
+        logits = logits_of(rows)
+        local = list(range(len(rows)))
+        picks = apply_token_bitmask(logits, batch.token_bitmask[misses], local, [True] * len(rows))
+        chosen = first_argmax(logits)  # rows the mask step did not pick are masked in place
+        if picks is not None:
+            chosen[picks.rows] = picks.tokens
+        tokens[torch.tensor(rows)] = chosen
+    return tokens
