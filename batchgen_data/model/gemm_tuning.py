@@ -13,9 +13,10 @@ shape's weights as a decode step does, copying a shape's weights where the model
 hot-cache microbenchmark of one weight can favour a kernel that is slower in place); with many
 rows it is compute bound and one weight per shape suffices. The best of three passes counts,
 and each call's output is made row-major as its consumers need. The plan is cached per machine,
-torch version, thread count and shape set, so a process tunes once (~2-4 s for a 200 M-parameter model) and later ones load it. A plan records
-how loaded the machine was while it was measured; one measured under load is measured again,
-and replaced, by the first process that finds the machine quiet (``load_or_tune``).
+torch version, thread count and shape set, so a process tunes once (~2-4 s for a 200 M-parameter
+model) and later ones load it. A plan records how loaded the machine was while it was measured;
+one measured under load is measured again, and replaced, by the first process that finds the
+machine quiet (``load_or_tune``).
 """
 
 from __future__ import annotations

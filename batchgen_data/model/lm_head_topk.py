@@ -3,7 +3,8 @@
 NOTE: with 64 rows and a 152k vocabulary the logits are 39 MB. Written by the LM head's GEMM and
 read again for the argmax (or the log sum exp of logprobs), they cost two passes through memory
 that the rest of the step does not need. So where every row of a step is greedy and nothing else
-reads its logits (no processor, grammar, sampled row or draft), the GEMM runs ``CHUNK``
+reads its logits (no processor, sampled row or draft; grammar masks are applied chunk by chunk,
+``engine/sample/grammar_topk.py``), the GEMM runs ``CHUNK``
 vocabulary columns at a time into a buffer that stays in cache and the native kernel
 (``logit_topk_stream``) takes each chunk's maximum, ties, top k and, for logprobs, its sum of
 exponentials while the chunk is in cache. Each output is one dot product over the hidden size
@@ -73,9 +74,10 @@ BUCKET = 8  # rows: sizes within one bucket share a choice
 class HeadChoice:
     """Chunked LM head or whole logits, per (row bucket, kind), chosen by timing real steps
     (kind: ``PLAIN`` greedy rows, ``LOGPROBS`` greedy rows with logprobs, ``GRAMMAR`` greedy
-    rows some of them constrained): ``chunked`` says which way the next step of that size goes, ``record`` takes its
-    time (LM head to sampled tokens). ``enabled`` False: always the whole logits (an A/B's
-    baseline, ``benchmarks/lm_head_ab.py``). ``path``: where the choices are kept."""
+    rows some of them constrained): ``chunked`` says which way the next step of that size and
+    kind goes, ``record`` takes its time (LM head to sampled tokens). ``enabled`` False: always
+    the whole logits (an A/B's baseline, ``benchmarks/lm_head_ab.py``). ``path``: where the
+    choices are kept."""
 
     enabled: bool = True
     path: Path | None = None

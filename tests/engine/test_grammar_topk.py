@@ -80,7 +80,7 @@ def test_a_step_of_many_constrained_greedy_rows_takes_the_whole_logits_tokens(ti
         whole = engine.generate(prompts, params)
         runner.head_choice = HeadChoice(chosen={(b, kind): True for b in range(9) for kind in range(3)})
         monkeypatch.setattr(model_runner, "lm_head_topk", spy_topk)
-        monkeypatch.setattr("batchgen_data.engine.sample.sampler.grammar_tokens", spy_tokens)
+        monkeypatch.setattr(grammar_topk, "grammar_tokens", spy_tokens)
         picks = structured.lazy_picks
         chunked = engine.generate(prompts, params)
     assert any(top is not None for top in used)  # the chunked head served constrained steps

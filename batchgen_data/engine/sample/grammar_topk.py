@@ -33,22 +33,15 @@ from batchgen_data.model.native.kernels import LogitTopK
 CANDIDATES = 64
 
 
-def grammar_topk_k(batch: SamplingBatch) -> int | None:
-    """The top k the chunked head must keep for a greedy batch with constrained rows (every
-    row greedy, no processor, no logprobs), or None where it does not apply."""
-    if (batch.token_bitmask is None or not batch.all_greedy or batch.processors is not None
-            or batch.logprob_rows is not None):
-        return None
-    return CANDIDATES if batch.bitmask_lazy is not None else 1
-
-
 def filled_masks(batch: SamplingBatch) -> tuple[np.ndarray, np.ndarray]:
     """(logits rows [r] int64, words [r, W] int32) of the constrained rows whose masks are
     filled: every mask row but the lazy ones (theirs are not written yet)."""
-    lazy = set(batch.bitmask_lazy.mask_rows) if batch.bitmask_lazy is not None else set()
+    if batch.bitmask_lazy is None:
+        return np.asarray(batch.bitmask_rows, dtype=np.int64), batch.token_bitmask
+    lazy = set(batch.bitmask_lazy.mask_rows)
     keep = [i for i in range(len(batch.bitmask_rows)) if i not in lazy]
     rows = np.asarray([batch.bitmask_rows[i] for i in keep], dtype=np.int64)
-    return rows, np.ascontiguousarray(batch.token_bitmask[keep])
+    return rows, batch.token_bitmask[keep]
 
 
 def grammar_tokens(top: LogitTopK, batch: SamplingBatch, logits_of: Callable[[list[int]], torch.Tensor]) -> torch.Tensor:

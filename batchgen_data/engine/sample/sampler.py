@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from batchgen_data.engine.sample.batch import SamplingBatch
-from batchgen_data.engine.sample.grammar_topk import grammar_tokens, grammar_topk_k
+from batchgen_data.engine.sample import grammar_topk
 from batchgen_data.engine.sample.kernels import counter_uniform, first_argmax, sample
 from batchgen_data.engine.sample.logprob_capture import logprob_entries
 from batchgen_data.engine.sample.logprobs import TokenLogprobs
@@ -65,9 +65,10 @@ class Sampler:
         (``grammar_topk.py``). Else None (the logits go through the steps)."""
         if not batch.all_greedy or batch.processors is not None:
             return None
-        if batch.token_bitmask is not None:
-            k = grammar_topk_k(batch)
-            return None if k is None else (k, GRAMMAR)
+        if batch.token_bitmask is not None:  # lazy rows need their candidates, masked rows their first
+            if batch.logprob_rows is not None:
+                return None
+            return (grammar_topk.CANDIDATES if batch.bitmask_lazy is not None else 1), GRAMMAR
         if batch.logprob_rows is None:
             return 1, PLAIN
         if len(batch.logprob_rows) == len(batch):
@@ -81,7 +82,7 @@ class Sampler:
         logits (the filled grammar masks applied); ``logits_of(rows)``: those rows' whole
         logits, for constrained rows that need them (``grammar_topk.grammar_tokens``)."""
         if batch.token_bitmask is not None:
-            return SamplerOutput(grammar_tokens(top, batch, logits_of))
+            return SamplerOutput(grammar_topk.grammar_tokens(top, batch, logits_of))
         logprobs = None if batch.logprob_rows is None else logprob_entries(top, batch.logprob_ks)
         return SamplerOutput(top.chosen, logprobs)
 

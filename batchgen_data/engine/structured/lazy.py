@@ -4,7 +4,8 @@ NOTE: a greedy row's token under its grammar is the first maximum of its logits 
 tokens: the first allowed token in the order (logit down, token id up). So the sampler offers the
 row's largest logits in that order to the grammar library, one token at a time
 (``LazyGrammarRows.first_allowed``), and the first one allowed is the token; only where none of
-them is (``sample/bitmask.LAZY_CANDIDATES``) is the row's mask filled. The check is the library's
+them is (``sample/bitmask.LAZY_CANDIDATES`` from the whole logits,
+``sample/grammar_topk.CANDIDATES`` from the chunked LM head) is the row's mask filled. The check is the library's
 own verdict on the token (``validate_tokens``; an end-of-sequence token where the grammar
 accepts), except where the grammar forces its next bytes: there the library's mask is the forced
 token alone, not every token its verdict takes, so such a row is always filled
@@ -65,8 +66,9 @@ class LazyGrammarRows:
         matcher = request.matcher
         found = None
         if not matcher.compute_ff_tokens():
+            eos = self.manager.eos_token_ids
             for token in tokens:
-                ok = matcher.is_accepting() if token in self.manager.eos_token_ids else matcher.validate_tokens([token]) == 1
+                ok = matcher.is_accepting() if token in eos else matcher.validate_tokens([token]) == 1
                 if ok:
                     found = token
                     break

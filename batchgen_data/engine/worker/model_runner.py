@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from batchgen_data.engine.sample.grammar_topk import filled_masks
 from batchgen_data.engine.sample.logprob_capture import token_logprobs
 from batchgen_data.engine.sample.processors import ProcessorRows
 from batchgen_data.engine.spec.drafter import num_accepted
@@ -34,7 +35,6 @@ from batchgen_data.model import MoEModel
 from batchgen_data.model.attention.metadata import AttentionMetadata, build_attention_metadata
 from batchgen_data.model.kv_cache import KVCache
 from batchgen_data.model.fused_decode import MAX_TOKENS
-from batchgen_data.engine.sample.grammar_topk import filled_masks
 from batchgen_data.model.lm_head_topk import GRAMMAR, LOGPROBS, HeadChoice, lm_head_topk
 from batchgen_data.model.model import ForwardTrace
 

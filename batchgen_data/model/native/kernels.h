@@ -80,7 +80,8 @@ int64_t logit_topk_at(const float* x, int64_t num_rows, int64_t V, const int64_t
 // (tokens offset .. offset + C, in order; the lm_head's GEMM writes each chunk while the last
 // is in cache): per row, the maximum so far m, sum exp(x - m) (total, with_norm only), how many
 // logits equal m (ties: the greedy token's rank), the top k (top_values, top_ids, size of
-// them) and bad (a NaN or +inf seen: the row must take the full logits). Start each row at
+// them) and bad (a NaN or +inf seen: the row must take the full logits; a chunk all -inf, a
+// grammar mask's disallowed tokens, is not bad). Start each row at
 // m = -inf, total = ties = size = bad = 0. -1 for k or C <= 0.
 int64_t logit_topk_stream(const float* x, int64_t n, int64_t C, int64_t offset, int64_t k, bool with_norm, float* m,
                           double* total, int64_t* ties, float* top_values, int64_t* top_ids, int64_t* size,

@@ -151,14 +151,16 @@ class NativeKernels:
         top_values, top_ids = torch.empty(n, k), torch.empty(n, k, dtype=torch.int64)
         buffer = torch.empty(n * min(chunk, vocab))
         stream = self.library.logit_topk_stream
+        masked = masks is not None and len(masks[0]) > 0
+        if masked:
+            rows, words = masks
+            not_greedy = np.zeros(len(rows), dtype=np.uint8)  # -inf written at the disallowed tokens
         for start in range(0, vocab, chunk):
             width = min(chunk, vocab - start)
             logits = buffer[: n * width].view(n, width)
             torch.mm(x, head[start : start + width].t(), out=logits)
-            if masks is not None and len(masks[0]):
-                rows, words = masks
-                words = words[:, start // 32 : start // 32 + (width + 31) // 32]
-                self.grammar_mask(logits, rows, words, np.zeros(len(rows), dtype=np.uint8))
+            if masked:
+                self.grammar_mask(logits, rows, words[:, start // 32 : start // 32 + (width + 31) // 32], not_greedy)
             stream(logits.data_ptr(), n, width, start, k, with_norm, m.data_ptr(), total.data_ptr(), ties.data_ptr(),
                    top_values.data_ptr(), top_ids.data_ptr(), size.data_ptr(), bad.data_ptr())
         if bool(bad.any()) or bool((size < k).any()) or not bool(m.isfinite().all()):

@@ -123,14 +123,9 @@ bool max_pass(const float* row, int64_t V, float* block_max) {
   const int64_t blocks = V / kBlock;
   bool nan = false;
   for (int64_t b = 0; b < blocks; ++b) {
-    const float* p = row + b * kBlock;
-    vec vm = vset1(kLowest);
-    for (int64_t i = 0; i < kVecs; ++i) {
-      const vec v = vload(p + i * kWidth);
-      nan |= vhasnan(v);
-      vm = vmax(vm, v);
-    }
-    block_max[b] = vmaxall(vm);
+    vec v[kVecs];
+    block_max[b] = load_block(row + b * kBlock, v);
+    for (int64_t i = 0; i < kVecs; ++i) nan |= vhasnan(v[i]);
   }
   for (int64_t j = blocks * kBlock; j < V; ++j) nan |= std::isnan(row[j]);
   return !nan;
