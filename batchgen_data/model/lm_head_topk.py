@@ -62,6 +62,28 @@ def lm_head_topk(model, hidden: torch.Tensor, k: int, with_norm: bool,
     return native.lm_head_topk(model.final_norm(hidden).contiguous(), head, k, with_norm, CHUNK, masks)
 
 
+@dataclass(frozen=True)
+class HeadRows:
+    """Logits of a few rows of a step's hidden states (pre-norm, [N, H]), for the rows whose
+    token the chunked head's statistics do not settle (``engine/sample/grammar_topk.py``)."""
+
+    model: object
+    hidden: torch.Tensor
+
+    @property
+    def vocab(self) -> int:
+        return self.model.lm_head.shape[0]
+
+    def whole(self, rows: list[int]) -> torch.Tensor:
+        """[len(rows), V] fp32: those rows' whole logits (``compute_logits``)."""
+        return self.model.compute_logits(self.hidden[rows])
+
+    def at(self, row: int, tokens: torch.Tensor) -> torch.Tensor:
+        """[len(tokens)] fp32: row ``row``'s logits at ``tokens`` alone (their LM head rows)."""
+        normed = self.model.final_norm(self.hidden[row : row + 1])
+        return torch.nn.functional.linear(normed, self.model.lm_head.index_select(0, tokens))[0].float()
+
+
 PLAIN, LOGPROBS, GRAMMAR = 0, 1, 2  # HeadChoice kinds: what the step's greedy rows need
 TRIALS = 3  # steps timed each way per bucket before one is chosen
 # The chunked head serves a bucket only where its median step is this much faster: a step's time

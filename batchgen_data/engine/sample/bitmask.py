@@ -141,6 +141,11 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: np.ndarray, rows: list[in
     return _pick_greedy(logits, row_ids[pick], words[pick], vocab)
 
 
+def allowed_tokens(words: np.ndarray, vocab: int) -> np.ndarray:
+    """[W] int32 mask words -> the allowed token ids below ``vocab``, ascending (int64)."""
+    return _set_bits(np.asarray(words, dtype=np.int32).reshape(1, -1), vocab)[1]
+
+
 def _set_bits(words: np.ndarray, vocab: int) -> tuple[np.ndarray, np.ndarray]:
     """[n, W] int32 -> (mask row, token) of every set bit below ``vocab``, row-major order."""
     nonzero = np.flatnonzero(words.reshape(-1) != 0)  # the words with any bit set (flat: 2-D nonzero is slow)

@@ -11,7 +11,6 @@ tokens even when a different thread count or batch shape changes the logits by 1
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -76,13 +75,12 @@ class Sampler:
         return None
 
     @staticmethod
-    def from_topk(top, batch: SamplingBatch,
-                  logits_of: Callable[[list[int]], torch.Tensor] | None = None) -> SamplerOutput:
+    def from_topk(top, batch: SamplingBatch, head: grammar_topk.MissLogits | None = None) -> SamplerOutput:
         """What ``__call__`` gives for a ``greedy_topk`` batch, from the ``LogitTopK`` of its
-        logits (the filled grammar masks applied); ``logits_of(rows)``: those rows' whole
-        logits, for constrained rows that need them (``grammar_topk.grammar_tokens``)."""
+        logits (the filled grammar masks applied); ``head``: the logits of constrained rows
+        that need them (``grammar_topk.grammar_tokens``)."""
         if batch.token_bitmask is not None:
-            return SamplerOutput(grammar_topk.grammar_tokens(top, batch, logits_of))
+            return SamplerOutput(grammar_topk.grammar_tokens(top, batch, head))
         logprobs = None if batch.logprob_rows is None else logprob_entries(top, batch.logprob_ks)
         return SamplerOutput(top.chosen, logprobs)
 

@@ -35,7 +35,7 @@ from batchgen_data.model import MoEModel
 from batchgen_data.model.attention.metadata import AttentionMetadata, build_attention_metadata
 from batchgen_data.model.kv_cache import KVCache
 from batchgen_data.model.fused_decode import MAX_TOKENS
-from batchgen_data.model.lm_head_topk import GRAMMAR, LOGPROBS, HeadChoice, lm_head_topk
+from batchgen_data.model.lm_head_topk import GRAMMAR, LOGPROBS, HeadChoice, HeadRows, lm_head_topk
 from batchgen_data.model.model import ForwardTrace
 
 # Largest padded/real attention area accepted when grouping prefill chunks into a micro-batch.
@@ -171,7 +171,7 @@ class ModelRunner:
         masks = filled_masks(batch) if kind == GRAMMAR else None
         top = lm_head_topk(self.model, states, k, kind == LOGPROBS, masks) if chunked else None
         if top is not None:
-            sampled = self.sampler.from_topk(top, batch, lambda rows: self.model.compute_logits(states[rows]))
+            sampled = self.sampler.from_topk(top, batch, HeadRows(self.model, states))
         else:
             sampled = self.sampler(self.model.compute_logits(states), batch)
         self.head_choice.record(num_rows, kind, top is not None, time.perf_counter() - start)
