@@ -3,7 +3,7 @@
 NOTE: with 64 rows and a 152k vocabulary the logits are 39 MB. Written by the LM head's GEMM and
 read again for the argmax (or the log sum exp of logprobs), they cost two passes through memory
 that the rest of the step does not need. So where every row of a step is greedy and nothing else
-reads its logits (no processor, sampled row or draft; grammar masks are applied chunk by chunk,
+reads its logits (no processor, sampled row or draft; grammar masks are read with each chunk,
 ``engine/sample/grammar_topk.py``), the GEMM runs ``CHUNK``
 vocabulary columns at a time into a buffer that stays in cache and the native kernel
 (``logit_topk_stream``) takes each chunk's maximum, ties, top k and, for logprobs, its sum of
@@ -46,12 +46,13 @@ CHUNK = 8192  # vocabulary columns per GEMM: 64 rows of them are 2 MiB, one core
 
 
 def lm_head_topk(model, hidden: torch.Tensor, k: int, with_norm: bool,
-                 masks: tuple[np.ndarray, np.ndarray] | None = None) -> LogitTopK | None:
+                 masks: tuple[np.ndarray, np.ndarray] | None = None, keep: np.ndarray | None = None) -> LogitTopK | None:
     """``LogitTopK`` of ``model.compute_logits(hidden)`` with each row's first maximum as its
     chosen token (``with_norm`` False: no log sum exp, for plain greedy rows), or None where
     this does not apply (few rows, no native kernels, not fp32 on CPU) or a row needs the full
     logits (a NaN or +inf, or only -inf). ``masks`` (rows, bitmask words): those rows' grammar
-    masks, applied chunk by chunk (``NativeKernels.lm_head_topk``)."""
+    masks, read with each chunk, and ``keep`` how many of the top k each row needs
+    (``NativeKernels.lm_head_topk``)."""
     head = model.lm_head
     if (hidden.shape[0] <= MAX_TOKENS or hidden.dtype != torch.float32 or not hidden.is_cpu
             or head.dtype != torch.float32 or not head.is_contiguous() or k > head.shape[0]):
@@ -59,7 +60,7 @@ def lm_head_topk(model, hidden: torch.Tensor, k: int, with_norm: bool,
     native = active_native()
     if native is None:
         return None
-    return native.lm_head_topk(model.final_norm(hidden).contiguous(), head, k, with_norm, CHUNK, masks)
+    return native.lm_head_topk(model.final_norm(hidden).contiguous(), head, k, with_norm, CHUNK, masks, keep)
 
 
 @dataclass(frozen=True)

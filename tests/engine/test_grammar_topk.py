@@ -20,12 +20,13 @@ from batchgen_data.model.lm_head_topk import HeadChoice
 
 @settings(max_examples=30, deadline=None)
 @given(rows=st.integers(1, 40), vocab=st.integers(33, 3000), hidden=st.integers(1, 24), k=st.integers(1, 20),
-       chunk=st.sampled_from([128, 384, 1024]), density=st.sampled_from([0.0005, 0.01, 0.3, 0.97]),
-       seed=st.integers(0, 2**16))
-def test_masked_chunks_give_the_masked_argmax(native, rows, vocab, hidden, k, chunk, density, seed):
-    """Masks from one allowed token in a thousand to nearly all, some rows unmasked: each masked
-    row's chosen token and finite top values are those of the whole logits with -inf at the
-    disallowed tokens; unmasked rows are untouched."""
+       chunk=st.sampled_from([128, 384, 1024]), density=st.sampled_from([0.0005, 0.01, 0.3, 0.97, 1.0]),
+       keep_some=st.booleans(), seed=st.integers(0, 2**16))
+def test_masked_chunks_give_the_masked_argmax(native, rows, vocab, hidden, k, chunk, density, keep_some, seed):
+    """Masks from one allowed token in a thousand to all, some rows unmasked, each row keeping
+    all k or fewer: each masked row's chosen token and finite top values are those of the whole
+    logits with -inf at the disallowed tokens; unmasked rows are untouched; past what a row
+    keeps (or allows) its top list is -inf, -1."""
     g = torch.Generator().manual_seed(seed)
     x, head = torch.randn(rows, hidden, generator=g), torch.randn(vocab, hidden, generator=g)
     k = min(k, vocab)
@@ -36,12 +37,14 @@ def test_masked_chunks_give_the_masked_argmax(native, rows, vocab, hidden, k, ch
     padded[:, :vocab] = allowed
     bits = padded.view(len(masked_rows), -1, 32).to(torch.int64) << torch.arange(32)
     words = bits.sum(-1).to(torch.int64).numpy().astype(np.uint32).view(np.int32)
-    top = native.lm_head_topk(x, head, k, False, chunk, (masked_rows, words))
+    keep = torch.randint(1, k + 1, (rows,), generator=g) if keep_some else torch.full((rows,), k)
+    top = native.lm_head_topk(x, head, k, False, chunk, (masked_rows, words), keep.numpy() if keep_some else None)
     logits = F.linear(x, head)
     logits[torch.from_numpy(masked_rows)] = logits[torch.from_numpy(masked_rows)].masked_fill(~allowed, float("-inf"))
     order = torch.sort(logits, dim=-1, descending=True, stable=True)
     assert torch.equal(top.chosen, order.indices[:, 0])
-    finite = order.values[:, :k].isfinite()
+    finite = order.values[:, :k].isfinite() & (torch.arange(k) < keep[:, None])
+    assert torch.equal(top.top_ids[~finite], torch.full_like(top.top_ids[~finite], -1))
     assert torch.equal(top.top_values.isfinite(), finite)
     assert torch.equal(top.top_values[finite], order.values[:, :k][finite])
     assert torch.equal(top.top_ids[finite], order.indices[:, :k][finite])

@@ -20,6 +20,13 @@ if TYPE_CHECKING:
 
 # How long one wait for a grammar compile lasts before the scheduler looks at its queues again.
 GRAMMAR_WAIT_S = 1.0
+# How long a step that would only start sequences (nothing decodes yet) waits for the grammars
+# still compiling, so their rows start in the same prefill. A job whose rows each have their own
+# schema otherwise prefills the few whose grammar compiled first, and the rest a step later: one
+# more step, and the late rows then decode one step behind to the end (a last step for them
+# alone). 64 JSON schemas compile in ~30 ms on the demo; a grammar slower than the bound is not
+# waited for.
+GRAMMAR_JOIN_S = 0.1
 
 
 class GrammarGate:
@@ -55,6 +62,12 @@ class GrammarGate:
         from batchgen_data.engine.structured.manager import StructuredOutputManager
 
         StructuredOutputManager.wait_any(self.compiling, timeout_s=GRAMMAR_WAIT_S)
+
+    def wait_all(self) -> None:
+        """Block until every compiling grammar is done, or ``GRAMMAR_JOIN_S``."""
+        from batchgen_data.engine.structured.manager import StructuredOutputManager
+
+        StructuredOutputManager.wait_all(self.compiling, timeout_s=GRAMMAR_JOIN_S)
 
     def discard(self, seq: Sequence) -> None:
         if seq in self.compiling:

@@ -150,6 +150,10 @@ class Scheduler(MigrateMethods):
             self.grammars.wait_any()  # nothing can run until a grammar compiles
             finished = self._poll_grammars()
             swap_in += self._refill()
+        if self.grammars.compiling and not finished and all(s.num_generated == 0 for s in self.running):
+            self.grammars.wait_all()  # a step of new sequences alone: the rest join it (GRAMMAR_JOIN_S)
+            finished = self._poll_grammars()
+            swap_in += self._refill()
         if self.drafter is not None:
             self.drafter.draft(self.running, self.kv, self.config.max_num_batched_tokens, self.grammars)
         out = SchedulerOutput(*combine(self.running, self.config.max_num_batched_tokens,

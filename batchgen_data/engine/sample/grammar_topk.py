@@ -3,10 +3,12 @@
 NOTE: a greedy step whose rows include constrained ones can take the chunked LM head
 (``model/lm_head_topk.py``) like a plain greedy step, so it does not write and re-read the
 [N, V] logits (at 64 rows of the demo's 152k vocabulary the whole GEMM made every constrained
-run ~1.3x the unconstrained one, whose greedy steps took the chunked head). Each chunk's logits
-of a row with a filled mask get -inf at its disallowed tokens before the chunk's statistics, so
-its chosen token is the first maximum over the allowed tokens, as the mask step gives on the
-whole logits. A lazy row (``structured/lazy.py``) is not masked: its ``CANDIDATES``
+run ~1.3x the unconstrained one, whose greedy steps took the chunked head). The kernel reads
+each filled row's mask words with its chunk and takes the statistics over the allowed tokens
+alone, skipping the blocks of 128 tokens the mask allows nothing of, so its chosen token is the
+first maximum over the allowed tokens, as the mask step gives on the whole logits, without
+writing -inf into the chunk. Only lazy rows keep ``CANDIDATES`` top values (``kept_candidates``);
+the others keep their first maximum. A lazy row (``structured/lazy.py``) is not masked: its ``CANDIDATES``
 largest logits come from the same pass and are offered to its grammar in order, as
 ``bitmask.pick_lazily`` does on the whole logits. A row none of whose candidates is allowed (a
 miss) gets its mask filled; ``structured/lazy.py`` then fills that row for a few steps. A miss
@@ -60,6 +62,17 @@ def filled_masks(batch: SamplingBatch) -> tuple[np.ndarray, np.ndarray]:
     keep = [i for i in range(len(batch.bitmask_rows)) if i not in lazy]
     rows = np.asarray([batch.bitmask_rows[i] for i in keep], dtype=np.int64)
     return rows, batch.token_bitmask[keep]
+
+
+def kept_candidates(batch: SamplingBatch, num_rows: int) -> np.ndarray | None:
+    """[num_rows] int64: how many of the largest logits each row needs from the chunked head,
+    ``CANDIDATES`` for a lazy row and 1 (its first maximum) for any other; None where no row is
+    lazy (then the head keeps 1 for every row)."""
+    if batch.bitmask_lazy is None:
+        return None
+    keep = np.ones(num_rows, dtype=np.int64)
+    keep[[batch.bitmask_rows[m] for m in batch.bitmask_lazy.mask_rows]] = CANDIDATES
+    return keep
 
 
 def grammar_tokens(top: LogitTopK, batch: SamplingBatch, head: MissLogits) -> torch.Tensor:

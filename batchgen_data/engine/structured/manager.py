@@ -18,7 +18,7 @@ recompute keeps it: the output tokens do not change.
 from __future__ import annotations
 
 import time
-from concurrent.futures import FIRST_COMPLETED, wait
+from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, wait
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -86,6 +86,13 @@ class StructuredOutputManager:
         futures = [s.structured.future for s in seqs if s.structured is not None and not s.structured.is_ready]
         if futures:
             wait(futures, timeout=timeout_s, return_when=FIRST_COMPLETED)
+
+    @staticmethod
+    def wait_all(seqs: list[Sequence], timeout_s: float) -> None:
+        """Block until all of these sequences' grammars have compiled (or ``timeout_s``)."""
+        futures = [s.structured.future for s in seqs if s.structured is not None and not s.structured.is_ready]
+        if futures:
+            wait(futures, timeout=timeout_s, return_when=ALL_COMPLETED)
 
     @staticmethod
     def valid_draft(seq: Sequence, draft: list[int]) -> list[int]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from batchgen_data.engine.sample.grammar_topk import filled_masks
+from batchgen_data.engine.sample.grammar_topk import filled_masks, kept_candidates
 from batchgen_data.engine.sample.logprob_capture import token_logprobs
 from batchgen_data.engine.sample.processors import ProcessorRows
 from batchgen_data.engine.spec.drafter import num_accepted
@@ -168,8 +168,8 @@ class ModelRunner:
         start = time.perf_counter()
         k, kind = wanted
         chunked = self.head_choice.chunked(num_rows, kind)
-        masks = filled_masks(batch) if kind == GRAMMAR else None
-        top = lm_head_topk(self.model, states, k, kind == LOGPROBS, masks) if chunked else None
+        masks, keep = (filled_masks(batch), kept_candidates(batch, num_rows)) if kind == GRAMMAR else (None, None)
+        top = lm_head_topk(self.model, states, k, kind == LOGPROBS, masks, keep) if chunked else None
         if top is not None:
             sampled = self.sampler.from_topk(top, batch, HeadRows(self.model, states))
         else:

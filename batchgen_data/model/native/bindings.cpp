@@ -82,10 +82,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   }, py::call_guard<py::gil_scoped_release>());
   m.def("logit_topk_stream", [](std::uintptr_t x, int64_t n, int64_t C, int64_t offset, int64_t k, bool with_norm,
                                 std::uintptr_t m, std::uintptr_t total, std::uintptr_t ties, std::uintptr_t top_values,
-                                std::uintptr_t top_ids, std::uintptr_t size, std::uintptr_t bad) {
+                                std::uintptr_t top_ids, std::uintptr_t size, std::uintptr_t bad, std::uintptr_t keep,
+                                std::uintptr_t words, int64_t W, std::uintptr_t mask_of) {
     return logit_topk_stream(as<const float>(x), n, C, offset, k, with_norm, as<float>(m), as<double>(total),
                              as<int64_t>(ties), as<float>(top_values), as<int64_t>(top_ids), as<int64_t>(size),
-                             as<uint8_t>(bad));
+                             as<uint8_t>(bad), as<const int64_t>(keep), as<const int32_t>(words), W,
+                             as<const int64_t>(mask_of));
   }, py::call_guard<py::gil_scoped_release>());
   m.def("grammar_mask", [](std::uintptr_t x, int64_t num_rows, int64_t V, std::uintptr_t rows, int64_t n,
                            std::uintptr_t words, int64_t W, std::uintptr_t greedy, std::uintptr_t picks) {

@@ -82,10 +82,16 @@ int64_t logit_topk_at(const float* x, int64_t num_rows, int64_t V, const int64_t
 // logits equal m (ties: the greedy token's rank), the top k (top_values, top_ids, size of
 // them) and bad (a NaN or +inf seen: the row must take the full logits; a chunk all -inf, a
 // grammar mask's disallowed tokens, is not bad). Start each row at
-// m = -inf, total = ties = size = bad = 0. -1 for k or C <= 0.
+// m = -inf, total = ties = size = bad = 0. keep (null: k for every row): row i keeps its top
+// keep[i] <= k (top_values and top_ids stay [n, k]). words (null: none): grammar bitmasks
+// [r, W] of the whole vocabulary (bit t % 32 of word t / 32 allows token t); row i is under
+// mask row mask_of[i] (-1: none): only its allowed tokens count, as if the others were -inf,
+// except that they are not offered to its top (size may stay below kk), and blocks it allows
+// nothing of are not read. -1 for k or C <= 0, a keep outside 1..k, or masks with an offset
+// that is not a multiple of 32 or words too short for the chunk.
 int64_t logit_topk_stream(const float* x, int64_t n, int64_t C, int64_t offset, int64_t k, bool with_norm, float* m,
                           double* total, int64_t* ties, float* top_values, int64_t* top_ids, int64_t* size,
-                          uint8_t* bad);
+                          uint8_t* bad, const int64_t* keep, const int32_t* words, int64_t W, const int64_t* mask_of);
 
 // Structured outputs: grammar bitmasks ([n, W] int32 words, W = ceil(V / 32); bit t % 32 of word
 // t / 32 allows token t) on rows rows[i] of x [num_rows, V]. A greedy row (greedy[i] != 0) is not

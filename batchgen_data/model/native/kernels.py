@@ -128,7 +128,8 @@ class NativeKernels:
         return ids
 
     def lm_head_topk(self, x: torch.Tensor, head: torch.Tensor, k: int, with_norm: bool, chunk: int,
-                     masks: tuple[np.ndarray, np.ndarray] | None = None) -> LogitTopK | None:
+                     masks: tuple[np.ndarray, np.ndarray] | None = None,
+                     keep: np.ndarray | None = None) -> LogitTopK | None:
         """``logit_topk(x @ head.T, k)`` with each row's greedy token (its first maximum) as the
         chosen one, without the [n, V] logits: torch's GEMM writes ``chunk`` vocabulary columns
         at a time into a buffer that stays in cache while the kernel takes their statistics.
@@ -136,10 +137,12 @@ class NativeKernels:
         ``with_norm`` False: no log sum exp (the plain greedy token; ``log_norm`` is NaN). None
         where a row holds a NaN or +inf, or only -inf: those take the full logits.
 
-        ``masks`` (rows [r] int64, words [r, ceil(V / 32)] int32): grammar bitmasks of those rows,
-        applied to each chunk before its statistics (``grammar_mask``: -inf at the disallowed
-        tokens), so their top k and chosen token are over the allowed tokens. ``chunk`` must
-        then be a multiple of 32."""
+        ``masks`` (rows [r] int64, words [r, ceil(V / 32)] int32): grammar bitmasks of those rows.
+        Their statistics are over their allowed tokens (the kernel reads the mask words with the
+        chunk, and skips the blocks a mask allows nothing of); their top lists hold allowed
+        tokens only (-inf, id -1 past the last). ``chunk`` must then be a multiple of 32.
+        ``keep`` [n] int64 in 1..k: how many of the top k each row needs (the rest of its row of
+        ``top_values`` and ``top_ids`` is -inf, -1)."""
         _check_fp32_cpu(x, head)
         if masks is not None and chunk % 32:
             raise ValueError(f"lm_head_topk: masks need a chunk that is a multiple of 32, got {chunk}")
@@ -148,22 +151,33 @@ class NativeKernels:
         total = torch.zeros(n, dtype=torch.float64)
         ties, size = torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.int64)
         bad = torch.zeros(n, dtype=torch.uint8)
-        top_values, top_ids = torch.empty(n, k), torch.empty(n, k, dtype=torch.int64)
+        top_values, top_ids = torch.full((n, k), float("-inf")), torch.full((n, k), -1, dtype=torch.int64)
         buffer = torch.empty(n * min(chunk, vocab))
-        stream = self.library.logit_topk_stream
-        masked = masks is not None and len(masks[0]) > 0
-        if masked:
+        need = torch.full((n,), k, dtype=torch.int64) if keep is None else torch.from_numpy(np.array(keep, dtype=np.int64))
+        required = need.clone()  # top entries a row must end with
+        words_at, num_words, mask_of = 0, 0, None
+        if masks is not None and len(masks[0]) > 0:
             rows, words = masks
-            not_greedy = np.zeros(len(rows), dtype=np.uint8)  # -inf written at the disallowed tokens
+            words = np.ascontiguousarray(words, dtype=np.int32)
+            if words.shape != (len(rows), (vocab + 31) // 32):
+                raise ValueError(f"lm_head_topk: {len(rows)} masked rows need [{len(rows)}, {(vocab + 31) // 32}] "
+                                 f"words, got {words.shape}")
+            mask_of = np.full(n, -1, dtype=np.int64)
+            mask_of[np.asarray(rows, dtype=np.int64)] = np.arange(len(rows))
+            words_at, num_words = words.ctypes.data, words.shape[1]
+            required[torch.from_numpy(mask_of >= 0)] = 1  # a masked row may allow fewer tokens than it keeps
+        keep_at = 0 if keep is None else need.data_ptr()
+        mask_at = 0 if mask_of is None else mask_of.ctypes.data
+        stream = self.library.logit_topk_stream
         for start in range(0, vocab, chunk):
             width = min(chunk, vocab - start)
             logits = buffer[: n * width].view(n, width)
             torch.mm(x, head[start : start + width].t(), out=logits)
-            if masked:
-                self.grammar_mask(logits, rows, words[:, start // 32 : start // 32 + (width + 31) // 32], not_greedy)
-            stream(logits.data_ptr(), n, width, start, k, with_norm, m.data_ptr(), total.data_ptr(), ties.data_ptr(),
-                   top_values.data_ptr(), top_ids.data_ptr(), size.data_ptr(), bad.data_ptr())
-        if bool(bad.any()) or bool((size < k).any()) or not bool(m.isfinite().all()):
+            if stream(logits.data_ptr(), n, width, start, k, with_norm, m.data_ptr(), total.data_ptr(),
+                      ties.data_ptr(), top_values.data_ptr(), top_ids.data_ptr(), size.data_ptr(), bad.data_ptr(),
+                      keep_at, words_at, num_words, mask_at) < 0:
+                raise ValueError(f"lm_head_topk: the kernel refused k={k}, keep or the masks")
+        if bool(bad.any()) or bool((size < required).any()) or not bool(m.isfinite().all()):
             return None
         log_norm = (m.double() + total.log()).float() if with_norm else torch.full((n,), float("nan"))
         return LogitTopK(top_values, top_ids, log_norm, top_ids[:, 0].clone(), top_values[:, 0].clone(), ties)

@@ -148,6 +148,51 @@ void top_k(const float* row, int64_t V, const float* block_max, int64_t k, float
   for (int64_t j = blocks * kBlock; j < V; ++j) offer(row[j], j, values, ids, size, k);
 }
 
+constexpr uint32_t kLanes = kWidth >= 32 ? ~0u : (1u << kWidth) - 1;  // every lane of a vector
+enum class Allowed { kAll, kSome, kNone };  // what a grammar mask allows of a block
+static_assert(kBlock % 32 == 0, "a block is whole mask words");
+
+// A block under a grammar mask (its kBlock / 32 words at wb): kAll and kNone load nothing. For
+// kSome, allowed[j] holds vector j's lanes that it allows, v those lanes with -inf at the others,
+// and bm their maximum.
+inline Allowed load_allowed(const float* p, const uint32_t* wb, vec* v, uint32_t* allowed, float& bm) {
+  uint32_t any = 0, all = ~0u;
+  for (int64_t q = 0; q < kBlock / 32; ++q) {
+    any |= wb[q];
+    all &= wb[q];
+  }
+  if (all == ~0u) return Allowed::kAll;
+  if (any == 0) return Allowed::kNone;
+  const vec fill = vset1(kLowest);
+  vec vm = fill;
+  for (int64_t j = 0; j < kVecs; ++j) {
+    const int64_t first = j * kWidth;
+    allowed[j] = (wb[first / 32] >> (first % 32)) & kLanes;
+    v[j] = vselect(allowed[j], vload(p + first), fill);
+    vm = vmax(vm, v[j]);
+  }
+  bm = vmaxall(vm);
+  return Allowed::kSome;
+}
+
+// Offers block v's lanes set in allowed (tokens base, base + 1, ...) to the top kk; once kk are
+// held, only the lanes >= the kk-th value (a vector compare, not a scalar test per token).
+inline void offer_block(const vec* v, const uint32_t* allowed, int64_t base, float* values, int64_t* ids,
+                        int64_t& size, int64_t kk) {
+  alignas(64) float lanes[kWidth];
+  for (int64_t j = 0; j < kVecs; ++j) {
+    uint32_t bits = allowed[j];
+    if (size == kk) bits &= vmask_ge(v[j], values[kk - 1]);
+    if (bits == 0) continue;
+    vstore(lanes, v[j]);
+    while (bits != 0) {
+      const int t = __builtin_ctz(bits);
+      bits &= bits - 1;
+      offer(lanes[t], base + j * kWidth + t, values, ids, size, kk);
+    }
+  }
+}
+
 // How many logits of the row are >= s.
 int64_t count_at_least(const float* row, int64_t V, float s) {
   const int64_t nv = V - V % kWidth;
@@ -190,12 +235,19 @@ int64_t logit_topk_rows(const float* x, int64_t n, int64_t V, int64_t k, int64_t
 
 int64_t logit_topk_stream(const float* x, int64_t n, int64_t C, int64_t offset, int64_t k, bool with_norm, float* m,
                           double* total, int64_t* ties, float* top_values, int64_t* top_ids, int64_t* size,
-                          uint8_t* bad) {
+                          uint8_t* bad, const int64_t* keep, const int32_t* words, int64_t W, const int64_t* mask_of) {
   if (C <= 0 || k <= 0 || n < 0) return -1;
+  if (words != nullptr && (offset % 32 != 0 || offset / 32 + (C + 31) / 32 > W)) return -1;
+  for (int64_t i = 0; keep != nullptr && i < n; ++i)
+    if (keep[i] < 1 || keep[i] > k) return -1;
   const int64_t blocks = C / kBlock;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(dynamic, 2)
   for (int64_t i = 0; i < n; ++i) {
     const float* row = x + i * C;
+    const int64_t kk = keep != nullptr ? keep[i] : k;
+    const uint32_t* mask = words != nullptr && mask_of[i] >= 0
+                               ? reinterpret_cast<const uint32_t*>(words) + mask_of[i] * W + offset / 32
+                               : nullptr;
     float mi = m[i];
     double ti = total[i];
     int64_t tie = ties[i], sz = size[i];
@@ -206,7 +258,14 @@ int64_t logit_topk_stream(const float* x, int64_t n, int64_t C, int64_t offset, 
     for (int64_t b = 0; b < blocks; ++b) {
       const float* p = row + b * kBlock;
       vec v[kVecs];
-      const float bm = load_block(p, v);
+      uint32_t allowed[kVecs];
+      float bm = kLowest;
+      const Allowed what = mask == nullptr ? Allowed::kAll : load_allowed(p, mask + b * (kBlock / 32), v, allowed, bm);
+      if (what == Allowed::kNone) continue;  // nothing of it counts: not read
+      if (what == Allowed::kAll) {
+        bm = load_block(p, v);
+        for (int64_t j = 0; j < kVecs; ++j) allowed[j] = kLanes;
+      }
       if (bm > mi) {  // a new maximum: the sum so far is scaled to it, its ties start again
         const double scale = std::exp(static_cast<double>(mi) - bm);
         ti = (ti + vsum(acc)) * scale;
@@ -227,13 +286,14 @@ int64_t logit_topk_stream(const float* x, int64_t n, int64_t C, int64_t offset, 
           acc = vzero();
         }
       }
-      // A block all -inf (a grammar mask's disallowed tokens) offers nothing once k are held.
-      if (sz < k || (bm >= values[k - 1] && bm != kLowest)) {
-        for (int64_t j = 0; j < kBlock; ++j) offer(p[j], offset + b * kBlock + j, values, ids, sz, k);
+      // A block all -inf offers nothing once kk are held.
+      if (sz < kk || (bm >= values[kk - 1] && bm != kLowest)) {
+        offer_block(v, allowed, offset + b * kBlock, values, ids, sz, kk);
       }
     }
     ti += vsum(acc);
     for (int64_t j = blocks * kBlock; j < C; ++j) {  // the tail of the last chunk
+      if (mask != nullptr && !((mask[j / 32] >> (j % 32)) & 1u)) continue;
       const float v = row[j];
       nan |= std::isnan(v);
       if (v > mi) {
@@ -243,13 +303,13 @@ int64_t logit_topk_stream(const float* x, int64_t n, int64_t C, int64_t offset, 
       }
       tie += v == mi;
       if (with_norm && mi != kLowest) ti += std::exp(static_cast<double>(v) - mi);
-      offer(v, offset + j, values, ids, sz, k);
+      offer(v, offset + j, values, ids, sz, kk);
     }
     m[i] = mi;
     total[i] = ti;
     ties[i] = tie;
     size[i] = sz;
-    // -inf so far is not bad: a masked chunk can be all -inf (the caller rejects a row whose
+    // -inf so far is not bad: a masked chunk can allow nothing (the caller rejects a row whose
     // maximum stays -inf over the whole vocabulary).
     bad[i] = nan || std::isnan(ti) || (std::isinf(mi) && mi > 0);
   }

@@ -26,6 +26,7 @@ inline uint32_t vmask_eq(vec v, float s) { return _mm512_cmp_ps_mask(v, _mm512_s
 inline uint32_t vmask_ge(vec v, float s) { return _mm512_cmp_ps_mask(v, _mm512_set1_ps(s), _CMP_GE_OQ); }
 // max(acc, v) in the lanes whose bit of `bits` is set, acc elsewhere (lane i: bit i).
 inline vec vmax_masked(vec acc, vec v, uint32_t bits) { return _mm512_mask_max_ps(acc, static_cast<__mmask16>(bits), acc, v); }
+inline vec vselect(uint32_t bits, vec v, vec fill) { return _mm512_mask_blend_ps(static_cast<__mmask16>(bits), fill, v); }
 inline vec vround(vec v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline vec vpow2i(vec n) {  // 2^n for integral n in [-126, 127]
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
@@ -68,6 +69,11 @@ inline vec vmax_masked(vec acc, vec v, uint32_t bits) {
   const __m256i on = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(static_cast<int>(bits)), lane_bits), lane_bits);
   return _mm256_blendv_ps(acc, _mm256_max_ps(acc, v), _mm256_castsi256_ps(on));
 }
+inline vec vselect(uint32_t bits, vec v, vec fill) {  // v's lanes whose bit is set, fill's elsewhere
+  const __m256i lane_bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  const __m256i on = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(static_cast<int>(bits)), lane_bits), lane_bits);
+  return _mm256_blendv_ps(fill, v, _mm256_castsi256_ps(on));
+}
 inline vec vround(vec v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline vec vpow2i(vec n) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
@@ -97,6 +103,7 @@ inline bool vhasnan(vec v) { return v != v; }
 inline uint32_t vmask_eq(vec v, float s) { return v == s ? 1u : 0u; }
 inline uint32_t vmask_ge(vec v, float s) { return v >= s ? 1u : 0u; }
 inline vec vmax_masked(vec acc, vec v, uint32_t bits) { return (bits & 1u) && v > acc ? v : acc; }
+inline vec vselect(uint32_t bits, vec v, vec fill) { return (bits & 1u) ? v : fill; }
 inline vec vround(vec v) { return __builtin_nearbyintf(v); }
 inline vec vpow2i(vec n) { return __builtin_ldexpf(1.f, static_cast<int>(n)); }
 #endif
