@@ -179,6 +179,11 @@ class NativeKernels:
                 raise ValueError(f"lm_head_topk: the kernel refused k={k}, keep or the masks")
         if bool(bad.any()) or bool((size < required).any()) or not bool(m.isfinite().all()):
             return None
+        if k > 1:  # the kernel keeps each row's top as a heap: sort by (value down, token id up)
+            by_id = top_ids.argsort(dim=1)
+            top_values, top_ids = top_values.gather(1, by_id), top_ids.gather(1, by_id)
+            order = torch.sort(top_values, dim=1, descending=True, stable=True).indices
+            top_values, top_ids = top_values.gather(1, order), top_ids.gather(1, order)
         log_norm = (m.double() + total.log()).float() if with_norm else torch.full((n,), float("nan"))
         return LogitTopK(top_values, top_ids, log_norm, top_ids[:, 0].clone(), top_values[:, 0].clone(), ties)
 
