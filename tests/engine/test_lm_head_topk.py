@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from batchgen_data import Engine, EngineConfig, SamplingParams
 from batchgen_data.engine.worker import model_runner
-from batchgen_data.model.lm_head_topk import HeadChoice
+from batchgen_data.model.lm_head_topk import LOGPROBS, PLAIN, HeadChoice
 
 
 @settings(max_examples=30, deadline=None)
@@ -90,15 +90,15 @@ def test_the_head_choice_times_both_ways_then_keeps_the_faster_per_size():
     seen = []
     for _ in range(2 * TRIALS + 2):
         for rows in (40, 50, 60):
-            chunked = choice.chunked(rows, False)
+            chunked = choice.chunked(rows, PLAIN)
             seen.append((rows, chunked))
-            choice.record(rows, False, chunked, costs[(rows, chunked)])
+            choice.record(rows, PLAIN, chunked, costs[(rows, chunked)])
     timed = 2 * TRIALS * 3
     assert seen[:6] == [(40, True), (50, True), (60, True), (40, False), (50, False), (60, False)]  # alternating
     assert {chunked for rows, chunked in seen[timed:] if rows == 40} == {False}
     assert {chunked for rows, chunked in seen[timed:] if rows == 50} == {False}  # 1% faster: within noise
     assert {chunked for rows, chunked in seen[timed:] if rows == 60} == {True}
-    assert choice.chunked(41, False) is False and choice.chunked(41, True) is True  # same bucket; not timed with norm
+    assert choice.chunked(41, PLAIN) is False and choice.chunked(41, LOGPROBS) is True  # same bucket; not timed with norm
 
 
 def test_the_head_choice_is_kept_for_the_next_engine_on_the_machine(tmp_path, monkeypatch):
@@ -110,10 +110,10 @@ def test_the_head_choice_is_kept_for_the_next_engine_on_the_machine(tmp_path, mo
     from batchgen_data.model.lm_head_topk import TRIALS
 
     for _ in range(TRIALS):
-        first.record(60, True, True, 1.0)
-        first.record(60, True, False, 2.0)
-    assert first.chosen == {(7, True): True}
+        first.record(60, LOGPROBS, True, 1.0)
+        first.record(60, LOGPROBS, False, 2.0)
+    assert first.chosen == {(7, LOGPROBS): True}
     again = HeadChoice.for_head(head)
-    assert again.chosen == {(7, True): True} and again.chunked(63, True) is True
+    assert again.chosen == {(7, LOGPROBS): True} and again.chunked(63, LOGPROBS) is True
     assert HeadChoice.for_head(torch.empty(1000, 32)).chosen == {}  # another head shape: timed anew
-    assert HeadChoice.for_head(None).chunked(60, True) is False  # no LM head (a classifier)
+    assert HeadChoice.for_head(None).chunked(60, LOGPROBS) is False  # no LM head (a classifier)

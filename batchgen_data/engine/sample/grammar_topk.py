@@ -1,16 +1,16 @@
-"""Greedy constrained rows from the chunked LM head: the grammar applied chunk by chunk.
+"""Greedy constrained rows from the chunked LM head: the grammar read with each chunk.
 
 NOTE: a greedy step whose rows include constrained ones can take the chunked LM head
 (``model/lm_head_topk.py``) like a plain greedy step, so it does not write and re-read the
 [N, V] logits (at 64 rows of the demo's 152k vocabulary the whole GEMM made every constrained
 run ~1.3x the unconstrained one, whose greedy steps took the chunked head). The kernel reads
 each filled row's mask words with its chunk and takes the statistics over the allowed tokens
-alone, skipping the blocks of 128 tokens the mask allows nothing of, so its chosen token is the
-first maximum over the allowed tokens, as the mask step gives on the whole logits, without
-writing -inf into the chunk. Only lazy rows keep ``CANDIDATES`` top values (``kept_candidates``);
-the others keep their first maximum. A lazy row (``structured/lazy.py``) is not masked: its ``CANDIDATES``
-largest logits come from the same pass and are offered to its grammar in order, as
-``bitmask.pick_lazily`` does on the whole logits. A row none of whose candidates is allowed (a
+alone, skipping the blocks of 128 tokens the mask allows nothing of, so the row's chosen token
+is the first maximum over its allowed tokens, as the mask step gives on the whole logits,
+without -inf written into the chunk. A lazy row (``structured/lazy.py``) is not masked: its
+``CANDIDATES`` largest logits come from the same pass and are offered to its grammar in order,
+as ``bitmask.pick_lazily`` does on the whole logits; every other row keeps its first maximum
+alone (``kept_candidates``). A row none of whose candidates is allowed (a
 miss) gets its mask filled; ``structured/lazy.py`` then fills that row for a few steps. A miss
 mostly comes where the grammar narrows at once: a bounded JSON string at its last character
 allows only the closing quote. So a miss's mask allowing one token gives that token; one

@@ -160,7 +160,7 @@ class ModelRunner:
     def _sample(self, states: torch.Tensor, batch: SamplingBatch, num_rows: int):
         """The LM head and the sampler on the sampling rows' states: a greedy batch of more than
         32 rows may take the chunked head (``lm_head_topk.py``; constrained rows' masks applied
-        chunk by chunk, ``grammar_topk.py``), where ``head_choice`` measured it faster for that
+        with each chunk, ``grammar_topk.py``), where ``head_choice`` measured it faster for that
         size and kind (or is still timing both ways)."""
         wanted = self.sampler.greedy_topk(batch) if num_rows == len(batch) > MAX_TOKENS else None
         if wanted is None:
