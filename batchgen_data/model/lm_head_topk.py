@@ -8,7 +8,8 @@ reads its logits (no processor, sampled row or draft; grammar masks are read wit
 vocabulary columns at a time into a buffer that stays in cache and the native kernel
 (``logit_topk_stream``) takes each chunk's maximum, ties, top k and, for logprobs, its sum of
 exponentials while the chunk is in cache. Each output is one dot product over the hidden size
-either way, so a chunk's logits are bitwise the whole GEMM's (tested).
+either way, so a chunk's logits are bitwise the whole GEMM's (tested; a last chunk narrower than
+64 columns joins the one before, as MKL computes 1-3 columns with another kernel).
 
 It applies where ``compute_logits`` would run a GEMM over more than ``fused_decode.MAX_TOKENS``
 rows; fewer rows' logits fit in cache anyway and come from the native skinny GEMM. Whether it

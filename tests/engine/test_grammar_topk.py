@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from batchgen_data import Engine, EngineConfig, SamplingParams
@@ -22,6 +22,7 @@ from batchgen_data.model.lm_head_topk import HeadChoice
 @given(rows=st.integers(1, 40), vocab=st.integers(33, 3000), hidden=st.integers(1, 24), k=st.integers(1, 20),
        chunk=st.sampled_from([128, 384, 1024]), density=st.sampled_from([0.0005, 0.01, 0.3, 0.97, 1.0]),
        keep_some=st.booleans(), seed=st.integers(0, 2**16))
+@example(rows=9, vocab=129, hidden=5, k=1, chunk=128, density=0.0005, keep_some=False, seed=0)  # a 1-column last chunk
 def test_masked_chunks_give_the_masked_argmax(native, rows, vocab, hidden, k, chunk, density, keep_some, seed):
     """Masks from one allowed token in a thousand to all, some rows unmasked, each row keeping
     all k or fewer: each masked row's chosen token and finite top values are those of the whole

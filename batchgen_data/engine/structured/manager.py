@@ -174,7 +174,8 @@ class StructuredOutputManager:
         sample = mask[:, ::8].view(np.uint32)  # a view: no copy of the rows
         allowed = np.bitwise_count(sample[[row for row, _ in filled]]).sum(axis=1)
         for (_, request), count in zip(filled, allowed.tolist()):
-            request.lazy = LAZY_MIN_SHARE * count * 8 >= self.vocab_size
+            request.allowed_share = count * 8 / self.vocab_size
+            request.lazy = LAZY_MIN_SHARE * request.allowed_share >= 1
 
     @staticmethod
     def accept(seq: Sequence, token: int) -> str | None:

@@ -16,10 +16,12 @@ class StructuredRequest:
     matcher: Any = None  # llguidance.LLMatcher once ready
     error: str | None = None
     # Lazy greedy picks (``lazy.py``): whether the next step may leave this row's mask unfilled,
-    # the steps it is filled before that may be tried again, and the current back-off.
+    # the steps it is filled before that may be tried again, and the current back-off; the
+    # share of the vocabulary its last filled mask allowed (estimated from every 8th word).
     lazy: bool = False
     lazy_wait: int = 0
     lazy_backoff: int = 0
+    allowed_share: float = 0.0
 
     @property
     def is_ready(self) -> bool:

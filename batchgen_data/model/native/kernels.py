@@ -152,7 +152,7 @@ class NativeKernels:
         ties, size = torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.int64)
         bad = torch.zeros(n, dtype=torch.uint8)
         top_values, top_ids = torch.full((n, k), float("-inf")), torch.full((n, k), -1, dtype=torch.int64)
-        buffer = torch.empty(n * min(chunk, vocab))
+        buffer = torch.empty(n * min(chunk + _MIN_CHUNK, vocab))
         need = torch.full((n,), k, dtype=torch.int64) if keep is None else torch.from_numpy(np.array(keep, dtype=np.int64))
         required = need.clone()  # top entries a row must end with
         words_at, num_words, mask_of = 0, 0, None
@@ -169,8 +169,11 @@ class NativeKernels:
         keep_at = 0 if keep is None else need.data_ptr()
         mask_at = 0 if mask_of is None else mask_of.ctypes.data
         stream = self.library.logit_topk_stream
-        for start in range(0, vocab, chunk):
-            width = min(chunk, vocab - start)
+        starts = list(range(0, vocab, chunk))
+        if len(starts) > 1 and vocab - starts[-1] < _MIN_CHUNK:
+            starts.pop()  # a narrow last chunk joins the one before (see _MIN_CHUNK)
+        for i, start in enumerate(starts):
+            width = (starts[i + 1] if i + 1 < len(starts) else vocab) - start
             logits = buffer[: n * width].view(n, width)
             torch.mm(x, head[start : start + width].t(), out=logits)
             if stream(logits.data_ptr(), n, width, start, k, with_norm, m.data_ptr(), total.data_ptr(),
@@ -220,6 +223,10 @@ class NativeKernels:
 
 
 _FP32 = torch.float32
+# The narrowest chunk of vocabulary columns ``lm_head_topk`` gives torch's GEMM: MKL computes a
+# product of 1-3 columns with another kernel than the whole GEMM's, whose outputs can differ in
+# the last bit (seen at hidden sizes 5-256), so a chunk's logits would not be the whole GEMM's.
+_MIN_CHUNK = 64
 
 
 def _check_fp32_cpu(*tensors: torch.Tensor) -> None:
