@@ -272,7 +272,10 @@ int64_t logit_topk_stream(const float* x, int64_t n, int64_t C, int64_t offset, 
   for (int64_t i = 0; keep != nullptr && i < n; ++i)
     if (keep[i] < 1 || keep[i] > k) return -1;
   const int64_t blocks = C / kBlock;
-#pragma omp parallel for schedule(dynamic, 2)
+  // Static: each thread reads the rows torch's GEMM just wrote from its own cache (a dynamic
+  // schedule made the plain greedy top 1 cost 1.08-1.10x the chunks' GEMMs instead of 1.06x,
+  // benchmarks/lm_head_kernel.py).
+#pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float* row = x + i * C;
     const int64_t kk = keep != nullptr ? keep[i] : k;
