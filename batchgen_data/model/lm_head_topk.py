@@ -18,8 +18,8 @@ pays depends on the BLAS: on the demo model here the chunks made a 56- or 64-row
 slows sharply between 48 and 56 rows). So ``HeadChoice`` measures: for each size bucket, the
 first steps alternate the two ways, and the chunked head serves from then on only where it was
 at least 3% faster. Tokens and logprobs are the same either way; only time differs. The choices
-are kept on disk per machine, torch, thread count and LM head shape (``<cache>/lm-head-choices/``,
-``HeadChoice.for_head``), so only a machine's first engine times them: on a short job the timed
+are kept on disk per machine, torch, thread count, LM head shape and native kernel sources
+(``<cache>/lm-head-choices/``, ``HeadChoice.for_head``), so only a machine's first engine times them: on a short job the timed
 steps are a visible share.
 """
 
@@ -117,8 +117,11 @@ class HeadChoice:
 
         if head is None:
             return cls(enabled=False)
+        from batchgen_data.model.native import library_name
+
+        # the kernels' sources too: a choice timed against other kernels is timed again
         parts = [platform.machine(), cpu_model(), torch.__version__, torch.get_num_threads(), tuple(head.shape),
-                 str(head.dtype), CHUNK, BUCKET, TRIALS, MARGIN]
+                 str(head.dtype), CHUNK, BUCKET, TRIALS, MARGIN, library_name()]
         path = cache_dir() / "lm-head-choices" / f"{hashlib.sha1(repr(parts).encode()).hexdigest()[:16]}.json"
         choice = cls(path=path)
         if path.is_file():
