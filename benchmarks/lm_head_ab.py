@@ -8,6 +8,13 @@ logprobs and with ``logprobs=5``, ``--reps`` alternating repetitions of the same
 logits always (``HeadChoice(enabled=False)``). Reports the median and min / max of the
 per-repetition ratio chunked-allowed / whole, which chunked sizes were chosen, and whether the
 tokens are identical. Writes ``lm-head-ab-cpu.json`` under ``--out`` (default ``docs/results``).
+
+``--constraint counted_regex`` / ``maxlength``: every row under ``[a-z]{400}`` or a JSON string
+of ``minLength 300, maxLength 400`` (lazy rows nearly every step), no logprobs, the chunked head
+forced for every step (not timed) against the whole logits; writes
+``lm-head-ab-<constraint>-cpu.json``.
+
+    BATCHGEN_DATA_CACHE=$PWD/.cache/batchgen-data .venv/bin/python benchmarks/lm_head_ab.py --rows 48,64 --constraint counted_regex
 """
 
 from __future__ import annotations
@@ -23,7 +30,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from batchgen_data import Engine, EngineConfig, SamplingParams  # noqa: E402
 from batchgen_data.hardware import cpu_model  # noqa: E402
-from batchgen_data.model.lm_head_topk import HeadChoice  # noqa: E402
+from batchgen_data.model.lm_head_topk import GRAMMAR, LOGPROBS, PLAIN, HeadChoice  # noqa: E402
+
+CONSTRAINTS = {
+    "counted_regex": {"regex": "[a-z]{400}"},
+    "maxlength": {"json": {"type": "object", "properties": {"name": {"type": "string", "minLength": 300,
+                                                                      "maxLength": 400}},
+                           "required": ["name"], "additionalProperties": False}, "disable_any_whitespace": True},
+}
+ALWAYS_CHUNKED = {(bucket, kind): True for bucket in range(64) for kind in (PLAIN, LOGPROBS, GRAMMAR)}
+KIND_NAMES = {PLAIN: "plain", LOGPROBS: "+logprobs", GRAMMAR: "grammar"}
 
 
 def main() -> None:
@@ -32,17 +48,22 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--out", type=Path, default=Path("docs/results"))
+    parser.add_argument("--constraint", choices=("none", *CONSTRAINTS), default="none")
     args = parser.parse_args()
+    constraint = CONSTRAINTS.get(args.constraint)
     sizes = [int(r) for r in args.rows.split(",")]
     engine = Engine("demo", EngineConfig(max_num_seqs=max(sizes)))
     runner = engine.executor.runner
-    result = {"cpu": cpu_model(), "max_tokens": args.max_tokens, "reps": args.reps, "runs": []}
+    result = {"cpu": cpu_model(), "max_tokens": args.max_tokens, "reps": args.reps, "constraint": args.constraint,
+              "runs": []}
     print(f"{cpu_model()}: chunked-allowed / whole logits, wall per run, {args.reps} alternating reps")
     for rows in sizes:
         prompts = [f"Row {i}: label this review, number {i * 7919 % 1000}" for i in range(rows)]
-        for logprobs in (None, 5):
-            params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True, logprobs=logprobs)
-            choices = {"chunked": HeadChoice(), "whole": HeadChoice(enabled=False)}
+        for logprobs in (None, 5) if constraint is None else (None,):
+            params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True, logprobs=logprobs,
+                                    structured_outputs=constraint)
+            chunked = HeadChoice() if constraint is None else HeadChoice(enabled=True, chosen=ALWAYS_CHUNKED)
+            choices = {"chunked": chunked, "whole": HeadChoice(enabled=False)}
             times: dict[str, list[float]] = {name: [] for name in choices}
             tokens: dict[str, list] = {}
             for rep in range(args.reps + 1):  # the first round warms up (and lets the choice time both ways)
@@ -54,8 +75,8 @@ def main() -> None:
                         times[name].append(time.perf_counter() - start)
                     tokens[name] = [o.token_ids for o in outs]
             ratios = [a / b for a, b in zip(times["chunked"], times["whole"])]
-            chosen = sorted(f"{8 * bucket}-{8 * bucket + 7} rows{' +logprobs' if norm else ''}"
-                            for (bucket, norm), on in choices["chunked"].chosen.items() if on)
+            chosen = sorted(f"{8 * bucket}-{8 * bucket + 7} rows {KIND_NAMES[kind]}"
+                            for (bucket, kind), on in choices["chunked"].chosen.items() if on and constraint is None)
             run = {"rows": rows, "logprobs": logprobs, "whole_s": statistics.median(times["whole"]),
                    "ratio": {"min": min(ratios), "median": statistics.median(ratios), "max": max(ratios)},
                    "chunked_chosen_for": chosen, "tokens_identical": tokens["chunked"] == tokens["whole"]}
@@ -66,7 +87,8 @@ def main() -> None:
                   f"tokens identical: {run['tokens_identical']}")
     engine.close()
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "lm-head-ab-cpu.json").write_text(json.dumps(result, indent=2))
+    name = "lm-head-ab-cpu.json" if constraint is None else f"lm-head-ab-{args.constraint}-cpu.json"
+    (args.out / name).write_text(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

@@ -92,6 +92,14 @@ TRIALS = 3  # steps timed each way per bucket before one is chosen
 # varies by a few percent, and a choice made on noise would stay (it is kept on disk).
 MARGIN = 0.97
 BUCKET = 8  # rows: sizes within one bucket share a choice
+# Grammar steps share the plain steps' choice (and trials). Timed apart, their first steps (the
+# ones timed) are not the job's: rows are still in forced and sparse states, and one lazy row's
+# miss in a timed chunked step weighs on a median of three; the choice kept on this machine for
+# 48-55 grammar rows was the whole logits. Forced both ways, grammar steps follow the plain
+# steps' pattern: the chunked head 0.77-0.82x the whole logits' wall time at 56 and 64 rows
+# under a counted regex or a bounded string, 1.00-1.015x at 40 and 48 (``benchmarks/
+# lm_head_ab.py --constraint``, Xeon; plain steps 0.76-0.80x and 0.99-1.01x).
+_TIMED_AS = {PLAIN: PLAIN, LOGPROBS: LOGPROBS, GRAMMAR: PLAIN}
 
 
 @dataclass
@@ -134,14 +142,14 @@ class HeadChoice:
     def chunked(self, rows: int, kind: int) -> bool:
         if not self.enabled:
             return False
-        key = (rows // BUCKET, kind)
+        key = (rows // BUCKET, _TIMED_AS[kind])
         if key in self.chosen:
             return self.chosen[key]
         timed = self.times.setdefault(key, {True: [], False: []})
         return len(timed[True]) <= len(timed[False])  # alternate, chunked first
 
     def record(self, rows: int, kind: int, chunked: bool, seconds: float) -> None:
-        key = (rows // BUCKET, kind)
+        key = (rows // BUCKET, _TIMED_AS[kind])
         if key in self.chosen or not self.enabled:
             return
         timed = self.times.setdefault(key, {True: [], False: []})
