@@ -117,3 +117,16 @@ def test_the_head_choice_is_kept_for_the_next_engine_on_the_machine(tmp_path, mo
     assert again.chosen == {(7, LOGPROBS): True} and again.chunked(63, LOGPROBS) is True
     assert HeadChoice.for_head(torch.empty(1000, 32)).chosen == {}  # another head shape: timed anew
     assert HeadChoice.for_head(None).chunked(60, LOGPROBS) is False  # no LM head (a classifier)
+
+
+def test_grammar_steps_share_the_plain_steps_choice():
+    from batchgen_data.model.lm_head_topk import GRAMMAR, TRIALS
+
+    choice = HeadChoice()
+    for _ in range(TRIALS):  # timed as grammar steps: the plain choice is made from them
+        choice.record(60, GRAMMAR, True, 1.0)
+        choice.record(60, GRAMMAR, False, 2.0)
+    assert choice.chosen == {(7, PLAIN): True}
+    assert choice.chunked(62, PLAIN) is True and choice.chunked(62, GRAMMAR) is True
+    assert choice.chunked(62, LOGPROBS) is True  # not chosen yet for logprobs: its trials start chunked
+    assert HeadChoice(chosen={(7, PLAIN): False}).chunked(60, GRAMMAR) is False
