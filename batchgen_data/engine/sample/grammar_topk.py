@@ -10,13 +10,13 @@ is the first maximum over its allowed tokens, as the mask step gives on the whol
 without -inf written into the chunk. A lazy row (``structured/lazy.py``) is not masked: its
 ``CANDIDATES`` largest logits come from the same pass and are offered to its grammar in order,
 as ``bitmask.pick_lazily`` does on the whole logits; every other row keeps its first maximum
-alone (``kept_candidates``). A row none of whose candidates is allowed (a
-miss) gets its mask filled; ``structured/lazy.py`` then fills that row for a few steps. A miss
-mostly comes where the grammar narrows at once: a bounded JSON string at its last character
-allows only the closing quote. So a miss's mask allowing one token gives that token; one
-allowing at most 1 / ``GATHER_SHARE`` of the vocabulary takes its logits at those tokens alone
-(their LM head rows); only a denser one has its whole logits computed again (one more pass over
-the LM head for the step's dense misses together: ~7 ms on the demo, a fifth of a 64-row step).
+alone (``kept_candidates``). A row none of whose candidates is allowed (a miss) gets its mask
+filled; ``structured/lazy.py`` then fills that row for a few steps. A miss mostly comes where
+the grammar narrows at once: a bounded JSON string at its last character allows only the closing
+quote. So a miss's mask allowing one token gives that token; one allowing at most
+1 / ``GATHER_SHARE`` of the vocabulary takes its logits at those tokens alone (their LM head
+rows); only a denser one has its whole logits computed again (one more pass over the LM head for
+the step's dense misses together: ~7 ms on the demo, a fifth of a 64-row step).
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ from batchgen_data.model.native.kernels import LogitTopK
 CANDIDATES = 64
 # A lazy row whose last mask allowed at least half the vocabulary (inside a JSON string: 86-97%
 # of the demo's) keeps 16: for tokens drawn at random it misses 1 time in 65,000, and the top 64
-# cost the stream ~0.8 ms a step more than the top 16 for 64 rows (random logits, Xeon).
+# cost the stream 0.8-1.4 ms a step more than the top 16 for 64 rows (``benchmarks/lm_head_kernel.py``,
+# random logits, Xeon).
 DENSE_SHARE, DENSE_CANDIDATES = 0.5, 16
 # A miss whose mask allows at most V / 16 tokens takes its logits at those alone: gathering their
 # LM head rows costs at most a sixteenth of the pass over the whole head, less than the timing

@@ -155,17 +155,10 @@ class NativeKernels:
         buffer = torch.empty(n * min(chunk + _MIN_CHUNK, vocab))
         need = torch.full((n,), k, dtype=torch.int64) if keep is None else torch.from_numpy(np.array(keep, dtype=np.int64))
         required = need.clone()  # top entries a row must end with
-        words_at, num_words, mask_of = 0, 0, None
-        if masks is not None and len(masks[0]) > 0:
-            rows, words = masks
-            words = np.ascontiguousarray(words, dtype=np.int32)
-            if words.shape != (len(rows), (vocab + 31) // 32):
-                raise ValueError(f"lm_head_topk: {len(rows)} masked rows need [{len(rows)}, {(vocab + 31) // 32}] "
-                                 f"words, got {words.shape}")
-            mask_of = np.full(n, -1, dtype=np.int64)
-            mask_of[np.asarray(rows, dtype=np.int64)] = np.arange(len(rows))
-            words_at, num_words = words.ctypes.data, words.shape[1]
+        words, mask_of = _stream_masks(masks, n, vocab)
+        if mask_of is not None:
             required[torch.from_numpy(mask_of >= 0)] = 1  # a masked row may allow fewer tokens than it keeps
+        words_at, num_words = (0, 0) if words is None else (words.ctypes.data, words.shape[1])
         keep_at = 0 if keep is None else need.data_ptr()
         mask_at = 0 if mask_of is None else mask_of.ctypes.data
         stream = self.library.logit_topk_stream
@@ -227,6 +220,22 @@ _FP32 = torch.float32
 # product of 1-3 columns with another kernel than the whole GEMM's, whose outputs can differ in
 # the last bit (seen at hidden sizes 5-256), so a chunk's logits would not be the whole GEMM's.
 _MIN_CHUNK = 64
+
+
+def _stream_masks(masks: tuple[np.ndarray, np.ndarray] | None, n: int,
+                  vocab: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(words [r, W] int32 contiguous, mask_of [n] int64: each row's mask row or -1) for
+    ``logit_topk_stream``, or (None, None) without masks."""
+    if masks is None or len(masks[0]) == 0:
+        return None, None
+    rows, words = masks
+    words = np.ascontiguousarray(words, dtype=np.int32)
+    if words.shape != (len(rows), (vocab + 31) // 32):
+        raise ValueError(f"lm_head_topk: {len(rows)} masked rows need [{len(rows)}, {(vocab + 31) // 32}] words, "
+                         f"got {words.shape}")
+    mask_of = np.full(n, -1, dtype=np.int64)
+    mask_of[np.asarray(rows, dtype=np.int64)] = np.arange(len(rows))
+    return words, mask_of
 
 
 def _check_fp32_cpu(*tensors: torch.Tensor) -> None:
