@@ -7,9 +7,9 @@ alternating repetitions of: no logprobs and ``logprobs`` = 0 (the generated toke
 20; the min / median / max ratio of time per output token against no logprobs (target: k <= 5
 costs at most 5% at batch 64); and the same rows' prefill (one token out) with and without
 ``prompt_logprobs=5`` (target: at most 1.15x), prefix caching off for both (a request with
-prompt logprobs computes every prompt position, as in vLLM: a cached baseline would not). Also the capture itself on one [rows, V] logits
-matrix. Writes
-``logprobs-cpu.json`` under ``--out`` (default ``docs/results``).
+prompt logprobs computes every prompt position, as in vLLM: a cached baseline would not). Also the
+capture itself on one [rows, V] logits matrix. Writes ``logprobs-cpu.json`` under ``--out``
+(default ``docs/results``).
 
 ``--model mixtral_deep``: the same on a generated 32-layer Mixtral-shaped model (``benchmarks/
 workload.py``, ~610 M parameters, built once into the cache, ~1 min) whose LM head is 9% of a
@@ -114,7 +114,8 @@ def main() -> None:
               "prompt_logprobs_ratio": spread([v / b for v, b in zip(prefill_s["prompt5"], prefill_s["prefill"])]),
               "prompt_logprobs_flop_floor": flop_floor, "head_share_of_token_flops": head / config.active_params_per_token}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / ("logprobs-cpu.json" if args.model == "demo" else f"logprobs-{args.model.replace('_', '-')}-cpu.json")).write_text(json.dumps(result, indent=2))
+    out_name = "logprobs-cpu.json" if args.model == "demo" else f"logprobs-{args.model.replace('_', '-')}-cpu.json"
+    (args.out / out_name).write_text(json.dumps(result, indent=2))
     print(f"{args.model}: {args.rows} rows x {args.max_tokens} tokens, {args.reps} alternating reps on {cpu_model()}; "
           "ratio per output token against no logprobs, min / median / max:")
     for name in runs:

@@ -4,10 +4,9 @@ NOTE: with 64 rows and a 152k vocabulary the logits are 39 MB. Written by the LM
 read again for the argmax (or the log sum exp of logprobs), they cost two passes through memory
 that the rest of the step does not need. So where every row of a step is greedy and nothing else
 reads its logits (no processor, sampled row or draft; grammar masks are read with each chunk,
-``engine/sample/grammar_topk.py``), the GEMM runs ``CHUNK``
-vocabulary columns at a time into a buffer that stays in cache and the native kernel
-(``logit_topk_stream``) takes each chunk's maximum, ties, top k and, for logprobs, its sum of
-exponentials while the chunk is in cache. Each output is one dot product over the hidden size
+``engine/sample/grammar_topk.py``), the GEMM runs ``CHUNK`` vocabulary columns at a time into a
+buffer that stays in cache and the native kernel (``logit_topk_stream``) takes each chunk's
+maximum, ties, top k and, for logprobs, its sum of exponentials while the chunk is in cache. Each output is one dot product over the hidden size
 either way, so a chunk's logits are bitwise the whole GEMM's (tested; a last chunk narrower than
 64 columns joins the one before, as MKL computes 1-3 columns with another kernel).
 
@@ -19,8 +18,8 @@ slows sharply between 48 and 56 rows). So ``HeadChoice`` measures: for each size
 first steps alternate the two ways, and the chunked head serves from then on only where it was
 at least 3% faster. Tokens and logprobs are the same either way; only time differs. The choices
 are kept on disk per machine, torch, thread count, LM head shape and native kernel sources
-(``<cache>/lm-head-choices/``, ``HeadChoice.for_head``), so only a machine's first engine times them: on a short job the timed
-steps are a visible share.
+(``<cache>/lm-head-choices/``, ``HeadChoice.for_head``), so only a machine's first engine times
+them: on a short job the timed steps are a visible share.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ import numpy as np
 import torch
 
 from batchgen_data.model.fused_decode import MAX_TOKENS
-from batchgen_data.model.native import active_native
+from batchgen_data.model.native import active_native, library_name
 from batchgen_data.model.native.kernels import LogitTopK
 from batchgen_data.paths import cache_dir, write_cache_file
 
@@ -125,8 +124,6 @@ class HeadChoice:
 
         if head is None:
             return cls(enabled=False)
-        from batchgen_data.model.native import library_name
-
         # the kernels' sources too: a choice timed against other kernels is timed again
         parts = [platform.machine(), cpu_model(), torch.__version__, torch.get_num_threads(), tuple(head.shape),
                  str(head.dtype), CHUNK, BUCKET, TRIALS, MARGIN, library_name()]

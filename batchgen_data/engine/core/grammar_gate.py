@@ -59,15 +59,17 @@ class GrammarGate:
         return failed
 
     def wait_any(self) -> None:
-        from batchgen_data.engine.structured.manager import StructuredOutputManager
-
-        StructuredOutputManager.wait_any(self.compiling, timeout_s=GRAMMAR_WAIT_S)
+        """Block until a compiling grammar is done, or ``GRAMMAR_WAIT_S``."""
+        self._wait(GRAMMAR_WAIT_S, every=False)
 
     def wait_all(self) -> None:
         """Block until every compiling grammar is done, or ``GRAMMAR_JOIN_S``."""
+        self._wait(GRAMMAR_JOIN_S, every=True)
+
+    def _wait(self, timeout_s: float, every: bool) -> None:
         from batchgen_data.engine.structured.manager import StructuredOutputManager
 
-        StructuredOutputManager.wait_all(self.compiling, timeout_s=GRAMMAR_JOIN_S)
+        StructuredOutputManager.wait_compiled(self.compiling, timeout_s, every)
 
     def discard(self, seq: Sequence) -> None:
         if seq in self.compiling:

@@ -105,14 +105,14 @@ def grammar_tokens(top: LogitTopK, batch: SamplingBatch, head: MissLogits) -> to
         else:
             tokens[row] = token
     if dense:
-        rows = [batch.bitmask_rows[m] for m in dense]
-        logits = head.whole(rows)
-        local = list(range(len(rows)))
-        picks = apply_token_bitmask(logits, batch.token_bitmask[dense], local, [True] * len(rows))
+        dense_rows = [batch.bitmask_rows[m] for m in dense]
+        logits = head.whole(dense_rows)
+        local = list(range(len(dense_rows)))
+        picks = apply_token_bitmask(logits, batch.token_bitmask[dense], local, [True] * len(dense_rows))
         chosen = first_argmax(logits)  # rows the mask step did not pick are masked in place
         if picks is not None:
             chosen[picks.rows] = picks.tokens
-        tokens[torch.tensor(rows)] = chosen
+        tokens[torch.tensor(dense_rows)] = chosen
     return tokens
 
 

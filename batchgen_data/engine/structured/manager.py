@@ -81,18 +81,12 @@ class StructuredOutputManager:
         return True
 
     @staticmethod
-    def wait_any(seqs: list[Sequence], timeout_s: float) -> None:
-        """Block until one of these sequences' grammars has compiled (or ``timeout_s``)."""
+    def wait_compiled(seqs: list[Sequence], timeout_s: float, every: bool) -> None:
+        """Block until one of these sequences' grammars has compiled, or ``every`` one of them
+        (or ``timeout_s``)."""
         futures = [s.structured.future for s in seqs if s.structured is not None and not s.structured.is_ready]
         if futures:
-            wait(futures, timeout=timeout_s, return_when=FIRST_COMPLETED)
-
-    @staticmethod
-    def wait_all(seqs: list[Sequence], timeout_s: float) -> None:
-        """Block until all of these sequences' grammars have compiled (or ``timeout_s``)."""
-        futures = [s.structured.future for s in seqs if s.structured is not None and not s.structured.is_ready]
-        if futures:
-            wait(futures, timeout=timeout_s, return_when=ALL_COMPLETED)
+            wait(futures, timeout=timeout_s, return_when=ALL_COMPLETED if every else FIRST_COMPLETED)
 
     @staticmethod
     def valid_draft(seq: Sequence, draft: list[int]) -> list[int]:

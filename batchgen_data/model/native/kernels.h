@@ -81,8 +81,8 @@ int64_t logit_topk_at(const float* x, int64_t num_rows, int64_t V, const int64_t
 // is in cache): per row, the maximum so far m, sum exp(x - m) (total, with_norm only), how many
 // logits equal m (ties: the greedy token's rank), the top k (top_values, top_ids, size of
 // them: a heap whose first entry is the k-th, the one every other comes before; the caller
-// sorts them after the last chunk) and bad (a NaN or +inf seen: the row must take the full logits; a chunk all -inf, a
-// grammar mask's disallowed tokens, is not bad). Start each row at
+// sorts them after the last chunk) and bad (a NaN or +inf seen: the row must take the full
+// logits; a chunk all -inf, a grammar mask's disallowed tokens, is not bad). Start each row at
 // m = -inf, total = ties = size = bad = 0. keep (null: k for every row): row i keeps its top
 // keep[i] <= k (top_values and top_ids stay [n, k]). words (null: none): grammar bitmasks
 // [r, W] of the whole vocabulary (bit t % 32 of word t / 32 allows token t); row i is under

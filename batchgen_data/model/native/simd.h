@@ -64,16 +64,14 @@ inline uint32_t vmask_eq(vec v, float s) {
 inline uint32_t vmask_ge(vec v, float s) {
   return static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_set1_ps(s), _CMP_GE_OQ)));
 }
-inline vec vmax_masked(vec acc, vec v, uint32_t bits) {
+inline vec vlanes(uint32_t bits) {  // all ones in the lanes whose bit of `bits` is set (lane i: bit i)
   const __m256i lane_bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
   const __m256i on = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(static_cast<int>(bits)), lane_bits), lane_bits);
-  return _mm256_blendv_ps(acc, _mm256_max_ps(acc, v), _mm256_castsi256_ps(on));
+  return _mm256_castsi256_ps(on);
 }
-inline vec vselect(uint32_t bits, vec v, vec fill) {  // v's lanes whose bit is set, fill's elsewhere
-  const __m256i lane_bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-  const __m256i on = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(static_cast<int>(bits)), lane_bits), lane_bits);
-  return _mm256_blendv_ps(fill, v, _mm256_castsi256_ps(on));
-}
+inline vec vmax_masked(vec acc, vec v, uint32_t bits) { return _mm256_blendv_ps(acc, _mm256_max_ps(acc, v), vlanes(bits)); }
+// v's lanes whose bit is set, fill's elsewhere.
+inline vec vselect(uint32_t bits, vec v, vec fill) { return _mm256_blendv_ps(fill, v, vlanes(bits)); }
 inline vec vround(vec v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline vec vpow2i(vec n) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
