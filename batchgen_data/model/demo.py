@@ -10,8 +10,11 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
+import socket
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -58,15 +61,27 @@ CHAT_TEMPLATE = (
 )
 # Init scales chosen so the random model's next-token distribution is peaked, not flat.
 _EMBED_STD, _LINEAR_STD = 0.1, 0.05
+# A staging folder is `.demo-<pid>-<start>-<host>-<random>`: its writer's pid, the writer's start
+# time (clock ticks since boot, 0 where unknown) and host. mkdtemp's random part has no dash.
+_STAGING_PREFIX = ".demo-"
+_STAGING_NAME = re.compile(r"\.demo-(?P<pid>\d+)-(?P<start>\d+)-(?P<host>.+)-[^-]+")
+# Generation takes seconds; a staging folder untouched for an hour whose writer we cannot ask (on
+# another host, or named before staging names carried a pid) is left by a writer that died.
+_STALE_STAGING_S = 3600.0
 
 
 def ensure_demo_checkpoint() -> Path:
-    """Return the demo checkpoint folder, generating it on first use (atomic, safe to race)."""
+    """Return the demo checkpoint folder, generating it on first use (atomic, safe to race).
+
+    Staging folders left by writers that died (``kill -9`` during generation, ~200 MB each) are
+    removed first, whether or not the checkpoint exists; folders of live writers are kept.
+    """
     folder = cache_dir() / f"demo-qwen3-moe-{DEMO_VERSION}"
+    _remove_dead_staging(folder.parent)
     if (folder / "config.json").is_file():
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".demo-", dir=folder.parent))
+    staging = Path(tempfile.mkdtemp(prefix=_staging_prefix(os.getpid()), dir=folder.parent))
     try:
         _write_weights(staging)
         _write_tokenizer(staging)
@@ -80,6 +95,81 @@ def ensure_demo_checkpoint() -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return folder
+
+
+def _staging_prefix(pid: int) -> str:
+    """The name a staging folder of process ``pid`` (on this host) starts with."""
+    return f"{_STAGING_PREFIX}{pid}-{_process_start(pid) or 0}-{_host_id()}-"
+
+
+def _host_id() -> str:
+    """This host's name, and on Linux its pid namespace: containers sharing a hostname (host
+    networking) and a cache volume do not see each other's pids."""
+    host = re.sub(r"[^\w.-]", "_", socket.gethostname())
+    try:
+        return f"{host}~{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return host
+
+
+def _process_start(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (Linux); None where unknown or
+    gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    return int(fields[19])  # field 22 of proc(5); fields[0] is field 3
+
+
+def _is_writer_alive(pid: int, start: int) -> bool:
+    """Whether process ``pid`` of this host, started at ``start`` (0: unknown), still runs. A
+    later process given the same pid (pids repeat after a restart, in containers most of all) is
+    not it."""
+    if pid <= 0:
+        return False  # os.kill(0, ...) would signal our own process group
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # another user's process
+    started = _process_start(pid)
+    return start == 0 or started is None or started == start
+
+
+def _newest_mtime(folder: Path) -> float:
+    """The latest modification time of ``folder`` and its entries (a write into a file counts)."""
+    times = [folder.stat().st_mtime]
+    times += [entry.stat().st_mtime for entry in os.scandir(folder)]
+    return max(times)
+
+
+def _remove_dead_staging(parent: Path) -> None:
+    """Remove the staging folders in ``parent`` whose writer died. A writer on this host is asked by
+    pid; one we cannot ask (another host of a shared cache, or a legacy name without a pid) is dead
+    once its folder has not changed for ``_STALE_STAGING_S``. Never raises: several processes may
+    remove the same folder at once, and a cache we cannot list has nothing to remove."""
+    if os.name != "posix":
+        return  # os.kill(pid, 0) is not a liveness check on Windows
+    try:
+        names = [entry.name for entry in os.scandir(parent) if entry.is_dir()]
+    except OSError:
+        return
+    host = _host_id()
+    for name in (name for name in names if name.startswith(_STAGING_PREFIX)):
+        staging = parent / name
+        match = _STAGING_NAME.fullmatch(name)
+        try:
+            if match and match["host"] == host:
+                is_dead = not _is_writer_alive(int(match["pid"]), int(match["start"]))
+            else:
+                is_dead = time.time() - _newest_mtime(staging) > _STALE_STAGING_S
+        except OSError:
+            continue  # renamed or removed while we looked
+        if is_dead:
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def _write_weights(folder: Path) -> None:
