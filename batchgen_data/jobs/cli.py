@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--encoding", default=None,
                      help="text encoding of JSONL and CSV inputs (default utf-8; bad bytes mark "
                           "their row as an error)")
+    run.add_argument("--overwrite", action="store_true",
+                     help="start over in an OUTPUT folder holding another job's parts (removes them); "
+                          "without it, a rerun with other inputs or options is refused")
     run.add_argument("--skip-bad-files", action="store_true",
                      help="process the readable input files and list the others in "
                           "OUTPUT/_skipped.json instead of stopping")
@@ -264,10 +267,14 @@ def _main(argv: list[str] | None) -> int:
                        workers=args.workers, address=args.address, batch_size=args.batch_size,
                        max_concurrent_batches=args.max_concurrent_batches,
                        cpus_per_worker=args.cpus_per_worker, show_progress=not args.no_progress,
-                       encoding=args.encoding, skip_bad_files=args.skip_bad_files)
+                       encoding=args.encoding, skip_bad_files=args.skip_bad_files, overwrite=args.overwrite)
         summary = run_job(spec)
     except BatchGenError as err:
         print(f"batchgen-data: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # the world's failures (a full disk, a file gone): one line, not a traceback
+        where = f": {err.filename}" if err.filename else ""
+        print(f"batchgen-data: error: {err.strerror or err}{where}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("batchgen-data: interrupted; run the same command again to resume", file=sys.stderr)

@@ -44,3 +44,22 @@ def unique_names(names: list[str], file_name: str) -> list[str]:
     if renamed:
         logger.warning("%s: repeated column names renamed: %s", file_name, ", ".join(renamed))
     return unique
+
+
+def leaf_types(arrow_type: pa.DataType):
+    """The non-nested types inside ``arrow_type`` (itself, if it is not nested)."""
+    if pa.types.is_struct(arrow_type):
+        for i in range(arrow_type.num_fields):
+            yield from leaf_types(arrow_type.field(i).type)
+    elif pa.types.is_map(arrow_type):
+        yield from leaf_types(arrow_type.key_type)
+        yield from leaf_types(arrow_type.item_type)
+    elif pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or pa.types.is_fixed_size_list(arrow_type):
+        yield from leaf_types(arrow_type.value_type)
+    else:
+        yield arrow_type
+
+
+def has_floating(schema: pa.Schema) -> bool:
+    """Whether any column holds floating-point values, at any depth."""
+    return any(pa.types.is_floating(t) for f in schema for t in leaf_types(f.type))

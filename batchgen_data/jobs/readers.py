@@ -1,10 +1,17 @@
-"""One input file as an Arrow table: pyarrow's fast readers first, a line-by-line reader after.
+"""One part of an input file as an Arrow table: pyarrow's fast readers first, a line-by-line reader after.
 
-Parquet is read by pyarrow. JSONL and CSV are decoded first (UTF-8 unless the job names another
-encoding; a UTF-8 BOM is dropped). A file that decodes cleanly goes to pyarrow's fast reader; one
-with invalid bytes, or one pyarrow rejects (a malformed line, a column of mixed types, a CSV row
-with the wrong number of fields), is read line by line (``tolerant_reader``), where each bad line
+Parquet parts are read by pyarrow from the row groups that hold them. JSONL and CSV parts (byte
+ranges found by ``text_chunks``) are decoded first (UTF-8 unless the job names another encoding;
+a UTF-8 BOM is dropped). A part that decodes cleanly goes to pyarrow's fast reader; one with
+invalid bytes, or one pyarrow rejects (a malformed line, a column of mixed types, a CSV row with
+the wrong number of fields), is read line by line (``tolerant_reader``), where each bad line
 becomes an error row and every other line reads as it would have.
+
+Values come back as they went in. pyarrow's readers turn a column of integers and floats, or an
+integer beyond int64, into doubles, which rounds integers beyond 2**53 (ids, the values ETL jobs
+join on). A part whose fast read has a floating column and whose text holds such an integer is
+read by the exact readers instead: JSON by Python's ``json`` (a column that cannot hold its values
+exactly is stored as JSON text), a CSV column as the cells' text.
 """
 
 from __future__ import annotations
@@ -12,18 +19,27 @@ from __future__ import annotations
 import codecs
 import io
 import logging
+import re
 from pathlib import Path
 
 import pyarrow as pa
 
 from batchgen_data.errors import ConfigError
 from batchgen_data.jobs import tolerant_reader
-from batchgen_data.jobs.input_table import BAD_BYTES, InputTable, unique_names
+from batchgen_data.jobs.input_table import BAD_BYTES, InputTable, has_floating, unique_names
 
 logger = logging.getLogger(__name__)
 
 INPUT_SUFFIXES = {".parquet": "parquet", ".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv"}
 UTF8_BOM = codecs.BOM_UTF8
+# An integer literal of 16 or more digits: possibly beyond 2**53 (9007199254740992), where a
+# double no longer holds every integer.
+_LONG_INTEGER = re.compile(rb"(?<![\w.])-?\d{16,}(?![\w.])")
+_LONG_INTEGER_CELL = r"^\s*[+-]?\d{16,}\s*$"
+
+
+class RowCountError(ValueError):
+    """A part read back with another number of rows than the scan counted."""
 
 
 def input_kind(path: Path) -> str | None:
@@ -40,32 +56,67 @@ def resolve_encoding(encoding: str | None) -> str:
 
 
 def read_input(path: Path, encoding: str = "utf-8") -> InputTable:
-    """Read one input file. Raises ``OSError`` or ``pyarrow.ArrowException`` when the file
-    cannot be read at all (the job reports it as a bad file); bad lines become error rows."""
+    """Read one whole input file (small files, tests). Raises ``OSError`` or
+    ``pyarrow.ArrowException`` when the file cannot be read at all; bad lines become error rows."""
     kind = input_kind(path)
     if kind is None:
         raise ValueError(f"{path.name}: unsupported file type {path.suffix!r}")
     if kind == "parquet":
-        import pyarrow.parquet as pq
+        return read_parquet_rows(path, 0, None)
+    return read_text(kind, path.read_bytes(), path.name, encoding)
 
-        # A zero-byte file (created, never written) has zero rows, like an empty JSONL.
-        return InputTable(pa.table({}) if path.stat().st_size == 0 else pq.read_table(path))
-    data = path.read_bytes()
-    text = _decode(data, encoding, path.name)
+
+def read_parquet_rows(path: Path, start: int, num_rows: int | None) -> InputTable:
+    """Rows ``start`` to ``start + num_rows`` of a Parquet file (all with None), reading only the
+    row groups that hold them. A zero-byte file (created, never written) has zero rows."""
+    import pyarrow.parquet as pq
+
+    if path.stat().st_size == 0:
+        return InputTable(pa.table({}))
+    parquet = pq.ParquetFile(path)
+    if num_rows is None:
+        return InputTable(parquet.read())
+    groups, first, row = [], None, 0
+    for i in range(parquet.metadata.num_row_groups):
+        n = parquet.metadata.row_group(i).num_rows
+        if row + n > start and row < start + num_rows:
+            groups.append(i)
+            first = row if first is None else first
+        row += n
+    table = parquet.read_row_groups(groups) if groups else parquet.schema_arrow.empty_table()
+    return InputTable(table.slice(start - (first or 0), num_rows))
+
+
+def read_text(kind: str, data: bytes, name: str, encoding: str = "utf-8", first_line: int = 1,
+              header: bytes = b"", header_lines: int = 0, num_rows: int | None = None) -> InputTable:
+    """A JSONL or CSV part: ``data`` holds its lines, the first being line ``first_line`` of the
+    file; a CSV part comes with the file's ``header`` record (``header_lines`` lines).
+    ``num_rows``: the rows the scan counted; a part that reads with other counts raises
+    ``RowCountError`` (its rows would be misnumbered)."""
+    data = header + data if kind == "csv" else data
+    text = _decode(data, encoding, name)
     if not text.strip():
         return InputTable(pa.table({}))
+    line_shift = first_line - 1 - header_lines if kind == "csv" else first_line - 1
+    read = None
     if not BAD_BYTES.search(text):
         clean = data.removeprefix(UTF8_BOM) if encoding == "utf-8" else text.encode("utf-8")
         try:
-            return InputTable(_fast_read(kind, clean, path.name))
+            read = _fast_read(kind, clean, name)
         except pa.ArrowException as err:
-            logger.info("%s: pyarrow's reader failed (%s); reading it line by line", path.name, err)
-    read = tolerant_reader.read_jsonl if kind == "jsonl" else tolerant_reader.read_csv
-    return read(text, path.name, encoding)
+            logger.info("%s: pyarrow's reader failed (%s); reading it line by line", name, err)
+        if read is not None and num_rows is not None and read.table.num_rows != num_rows:
+            read = None  # the two parsers split records differently: the line-by-line one counts as the scan does
+    if read is None:
+        reader = tolerant_reader.read_jsonl if kind == "jsonl" else tolerant_reader.read_csv
+        read = reader(text, name, encoding, line_shift)
+    if num_rows is not None and read.table.num_rows != num_rows:
+        raise RowCountError(f"{name}: a part of {num_rows} rows read back as {read.table.num_rows}")
+    return read
 
 
 def _decode(data: bytes, encoding: str, name: str) -> str:
-    """The file's text; each invalid byte stays as one lone surrogate so its line can be found."""
+    """The part's text; each invalid byte stays as one lone surrogate so its line can be found."""
     if encoding == "utf-8":
         data = data.removeprefix(UTF8_BOM)
     try:
@@ -74,12 +125,38 @@ def _decode(data: bytes, encoding: str, name: str) -> str:
         raise ValueError(f"{name} cannot be decoded as {encoding}: {err}") from None
 
 
-def _fast_read(kind: str, data: bytes, name: str) -> pa.Table:
+def _fast_read(kind: str, data: bytes, name: str) -> InputTable | None:
+    """pyarrow's read of the part, or None where it would round an integer (see the module
+    docstring): the line-by-line reader reads such JSON exactly."""
     if kind == "jsonl":
         import pyarrow.json as pajson
 
-        return pajson.read_json(io.BytesIO(data))
+        table = pajson.read_json(io.BytesIO(data))
+        if has_floating(table.schema) and _LONG_INTEGER.search(data):
+            return None
+        return InputTable(table)
     import pyarrow.csv as pacsv
 
     table = pacsv.read_csv(io.BytesIO(data))
-    return table.rename_columns(unique_names(table.column_names, name))
+    table = table.rename_columns(unique_names(table.column_names, name))
+    floating = [f.name for f in table.schema if pa.types.is_floating(f.type)]
+    if floating and _LONG_INTEGER.search(data):
+        table = _exact_csv_columns(table, data, floating)
+    return InputTable(table)
+
+
+def _exact_csv_columns(table: pa.Table, data: bytes, floating: list[str]) -> pa.Table:
+    """``table`` with each floating column that holds a long integer cell read as the cells' text."""
+    import pyarrow.compute as pc
+    import pyarrow.csv as pacsv
+
+    names = table.column_names
+    as_text = pacsv.read_csv(io.BytesIO(data), read_options=pacsv.ReadOptions(column_names=names, skip_rows=1),
+                             convert_options=pacsv.ConvertOptions(column_types=dict.fromkeys(floating, pa.string())))
+    wanted = set(floating)
+    for index, name in enumerate(names):
+        if name in wanted:
+            cells = as_text.column(index)
+            if pc.any(pc.match_substring_regex(cells, _LONG_INTEGER_CELL)).as_py():
+                table = table.set_column(index, name, cells)
+    return table

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import math
 import os
+import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -21,18 +22,23 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batchgen_data.jobs.files import (
-    JobManifest,
     Part,
     check_output,
+    clear_output,
+    locked_output,
     open_output,
-    plan_parts,
+    read_manifest_path,
+    remove_stale_temporaries,
     write_part,
 )
-from batchgen_data.jobs.inputs import BadInput, discover_inputs, load_inputs
+from batchgen_data.jobs.inputs import BadInput, JobInputs, discover_inputs, scan_inputs
 from batchgen_data.jobs.interrupt import run_interruptible
+from batchgen_data.jobs.manifest import JobManifest, job_options
 from batchgen_data.jobs.progress import JobProgress
 from batchgen_data.jobs.readers import resolve_encoding
-from batchgen_data.operators.columns import ERROR_COLUMN
+from batchgen_data.errors import ConfigError
+from batchgen_data.operators.columns import ERROR_COLUMN, OUTPUT_COLUMNS
+from batchgen_data.operators.json_column import GENERATED_JSON_COLUMN
 from batchgen_data.operators.rows import StageConfig
 
 logger = logging.getLogger(__name__)
@@ -55,6 +61,7 @@ class JobSpec:
     show_progress: bool = True
     encoding: str | None = None  # of JSONL and CSV inputs; None: UTF-8
     skip_bad_files: bool = False  # process the readable files instead of stopping on a bad one
+    overwrite: bool = False  # start over in an OUTPUT that holds another job's parts
 
 
 @dataclass(slots=True)
@@ -79,33 +86,59 @@ class JobSummary:
 def run_job(spec: JobSpec) -> JobSummary:
     encoding = resolve_encoding(spec.encoding)
     files = discover_inputs(spec.input)
+    check_output(spec.output, spec.input)
+    with locked_output(spec.output):
+        if spec.overwrite:
+            clear_output(spec.output)
+        remove_stale_temporaries(spec.output)
+        path = read_manifest_path(spec.output)
+        previous = None if path is None else JobManifest.read(path)
+        try:
+            return _run_locked(spec, encoding, files, previous)
+        finally:
+            remove_stale_temporaries(spec.output)  # UTF-8 copies of inputs in other encodings
+
+
+def _run_locked(spec: JobSpec, encoding: str, files: list[Path], previous: JobManifest | None) -> JobSummary:
     manifest = JobManifest(inputs=[f.name for f in files], input_sizes=[_size(f) for f in files],
-                           rows_per_part=spec.rows_per_part, output_format=spec.output_format, encoding=encoding)
-    previous = check_output(spec.output)
-    if previous is not None:
-        manifest.check_same_inputs(previous, spec.output)
-    inputs = load_inputs(files, encoding, spec.skip_bad_files)
+                           rows_per_part=spec.rows_per_part, output_format=spec.output_format, encoding=encoding,
+                           options=job_options(spec.stage))
+    inputs = scan_inputs(files, encoding, spec.rows_per_part, spec.skip_bad_files, scratch=spec.output)
+    manifest.input_sha256 = inputs.sha256
     manifest.skipped = [Path(b.file).name for b in inputs.bad]
-    manifest.columns = inputs.column_types
+    manifest.columns = inputs.schema.column_types()
     if previous is not None:
+        manifest.check_same_job(previous, spec.output)
         manifest.check_same_columns(previous, spec.output)
-    done = open_output(spec.output, manifest, [asdict(b) for b in inputs.bad])
-    tables = inputs.tables
-    parts = plan_parts([0 if t is None else t.num_rows for t in tables], spec.rows_per_part)
-    pending = [p for p in parts if p.output_name(spec.output_format) not in done]
-    summary = JobSummary(num_parts=len(parts), num_parts_skipped=len(parts) - len(pending),
-                         num_rows=sum(p.num_rows for p in parts), empty_inputs=inputs.empty_files(),
+    _check_no_output_names(inputs, spec.stage)
+    done = open_output(spec.output, manifest.to_json(), [asdict(b) for b in inputs.bad])
+    pending = [i for i, p in enumerate(inputs.parts) if p.output_name(spec.output_format) not in done]
+    summary = JobSummary(num_parts=len(inputs.parts), num_parts_skipped=len(inputs.parts) - len(pending),
+                         num_rows=sum(p.num_rows for p in inputs.parts), empty_inputs=inputs.empty,
                          skipped_inputs=inputs.bad)
-    stage = replace(spec.stage, json_columns=inputs.json_columns or None)
-    progress = JobProgress(summary.num_rows, summary.num_rows - sum(p.num_rows for p in pending), spec.show_progress)
+    stage = replace(spec.stage, json_columns=inputs.schema.json_columns or None)
+    done_rows = summary.num_rows - sum(inputs.parts[i].num_rows for i in pending)
+    progress = JobProgress(summary.num_rows, done_rows, spec.show_progress)
     try:
         if spec.workers <= 1:
-            run_interruptible(_run_local(spec, stage, tables, pending, progress, summary))
+            run_interruptible(_run_local(spec, stage, inputs, pending, progress, summary))
         else:
-            _run_ray(spec, stage, tables, pending, progress, summary)
+            _run_ray(spec, stage, inputs, pending, progress, summary)
     finally:
         progress.close()
     return summary
+
+
+def _check_no_output_names(inputs: JobInputs, stage: StageConfig) -> None:
+    """An input column the output would overwrite is an error naming it (the stage's own prompt
+    columns are read, then written back rendered, as in Ray Data LLM)."""
+    taken = (set(OUTPUT_COLUMNS) | {ERROR_COLUMN, GENERATED_JSON_COLUMN}) - {"prompt", "prompt_token_ids"}
+    if stage.prompt_column is not None:
+        taken.discard(stage.prompt_column)
+    clashes = [name for name in inputs.schema.names if name in taken]
+    if clashes:
+        raise ConfigError(f"input columns {clashes} have the names of output columns and would be overwritten; "
+                          "rename them in the input")
 
 
 def _size(path: Path) -> int:
@@ -127,21 +160,22 @@ def _finish_part(spec: JobSpec, part: Part, table: pa.Table, progress: JobProgre
     progress.update(table.num_rows, tokens, num_errors, summary.prefix_cache_hit_rate)
 
 
-async def _run_local(spec, stage, tables, pending: list[Part], progress, summary) -> None:
+async def _run_local(spec, stage, inputs: JobInputs, pending: list[int], progress, summary) -> None:
     from batchgen_data.operators.ray_operator import BatchGenOperator
 
     if not pending:  # nothing to generate: no engine to load
         return
     operator = BatchGenOperator(**_operator_kwargs(stage))
-    # Enough parts in flight to keep the engine's running set full across part boundaries.
+    # Enough parts in flight to keep the engine's running set full across part boundaries; each
+    # is read from its file only when a worker takes it, so memory holds these parts, not the input.
     in_flight = max(2, math.ceil(operator.engine.engine.max_running_seqs / spec.rows_per_part) + 1)
     queue = list(reversed(pending))
 
     async def worker() -> None:
         while queue:
-            part = queue.pop()
-            table = tables[part.file_index].slice(part.start_row, part.num_rows)
-            _finish_part(spec, part, await operator(table), progress, summary)
+            index = queue.pop()
+            table = await asyncio.to_thread(inputs.read_part, index)
+            _finish_part(spec, inputs.parts[index], await operator(table), progress, summary)
 
     try:
         await asyncio.gather(*(worker() for _ in range(in_flight)))
@@ -149,27 +183,24 @@ async def _run_local(spec, stage, tables, pending: list[Part], progress, summary
         operator.engine.shutdown()
 
 
-def _run_ray(spec, stage, tables, pending: list[Part], progress, summary) -> None:
+def _run_ray(spec, stage, inputs: JobInputs, pending: list[int], progress, summary) -> None:
     import ray
 
+    from batchgen_data.jobs.part_datasource import PartDatasource
     from batchgen_data.operators.ray_operator import BatchGenOperator
 
     if not pending:
         return
     started = not ray.is_initialized()
+    temp_dir = None
     if started:
         if spec.address:
             ray.init(address=spec.address, log_to_driver=False)
         else:
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-            ray.init(include_dashboard=False, log_to_driver=False,
-                     _temp_dir=tempfile.mkdtemp(prefix="batchgen-ray-"))
+            temp_dir = tempfile.mkdtemp(prefix="batchgen-ray-")
+            ray.init(include_dashboard=False, log_to_driver=False, _temp_dir=temp_dir)
     try:
-        blocks = []
-        for index, part in enumerate(pending):
-            table = tables[part.file_index].slice(part.start_row, part.num_rows)
-            table = table.append_column(_PART_COLUMN, pa.array([index] * part.num_rows, pa.int64()))
-            blocks.append(table.append_column(_ROW_COLUMN, pa.array(range(part.num_rows), pa.int64())))
         total = ray.cluster_resources().get("CPU", 1)
         engine = stage.engine_config
         ranks = engine.expert_parallel_size if engine is not None else 1
@@ -185,7 +216,10 @@ def _run_ray(spec, stage, tables, pending: list[Part], progress, summary) -> Non
             share = max(0.1, int(20 * (total - 1 - spec.workers * cpus) / (spec.workers * ranks)) / 20)
             stage = replace(stage, engine_config=replace(engine, rank_resources={"CPU": share}))
         operator_kwargs = _operator_kwargs(stage)
-        ds = ray.data.from_arrow(blocks).map_batches(
+        # Parts are read by Ray tasks pinned to this node (the input files are here), one part
+        # per task, as Ray Data's backpressure asks for them.
+        source = PartDatasource(inputs, pending, _PART_COLUMN, _ROW_COLUMN)
+        ds = ray.data.read_datasource(source, ray_remote_args=source.remote_args()).map_batches(
             BatchGenOperator,
             fn_constructor_kwargs=operator_kwargs,
             batch_size=spec.batch_size,
@@ -203,14 +237,17 @@ def _run_ray(spec, stage, tables, pending: list[Part], progress, summary) -> Non
                     rows = rows.filter(pc.invert(pc.is_in(rows.column(_ROW_COLUMN), pa.array(sorted(part_seen)))))
                 part_seen.update(rows.column(_ROW_COLUMN).to_pylist())
                 collected.setdefault(index, []).append(rows)
-                if len(part_seen) == pending[index].num_rows:
+                part = inputs.parts[pending[index]]
+                if len(part_seen) == part.num_rows:
                     table = pa.concat_tables(collected.pop(index)).sort_by(_ROW_COLUMN)
-                    _finish_part(spec, pending[index], table.drop_columns([_PART_COLUMN, _ROW_COLUMN]), progress, summary)
+                    _finish_part(spec, part, table.drop_columns([_PART_COLUMN, _ROW_COLUMN]), progress, summary)
         if collected:
             raise RuntimeError(f"{len(collected)} parts came back incomplete from Ray Data")
     finally:
         if started:
             ray.shutdown()
+        if temp_dir is not None:
+            shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def _operator_kwargs(stage: StageConfig) -> dict:

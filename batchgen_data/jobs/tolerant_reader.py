@@ -42,10 +42,11 @@ class Line:
     error: str | None = None
 
 
-def read_jsonl(text: str, file_name: str, encoding: str) -> InputTable:
+def read_jsonl(text: str, file_name: str, encoding: str, line_shift: int = 0) -> InputTable:
+    """``line_shift``: lines of the file before ``text`` (a part's first line is ``line_shift + 1``)."""
     lines = []
     # JSONL separates rows by "\n" only: str.splitlines would also split at U+2028 in a string.
-    for number, raw in enumerate(text.split("\n"), start=1):
+    for number, raw in enumerate(text.split("\n"), start=1 + line_shift):
         raw = raw.removesuffix("\r")
         if not raw.strip():
             continue
@@ -71,7 +72,9 @@ def read_jsonl(text: str, file_name: str, encoding: str) -> InputTable:
     return InputTable(pa.table({**columns, **_error_columns(lines)}), json_columns)
 
 
-def read_csv(text: str, file_name: str, encoding: str) -> InputTable:
+def read_csv(text: str, file_name: str, encoding: str, line_shift: int = 0) -> InputTable:
+    """``text`` is the header then a part's records; ``line_shift``: lines of the file between
+    the two (a record's line number is its line in ``text`` plus ``line_shift``)."""
     import pyarrow.csv as pacsv
 
     records = _csv_records(text)
@@ -83,6 +86,7 @@ def read_csv(text: str, file_name: str, encoding: str) -> InputTable:
     names = unique_names([_fix_bytes(cell) for cell in header[2]], file_name)
     lines = []
     for number, raw, cells in records:
+        number += line_shift
         line = _line(number, raw, file_name, encoding)
         if cells is None or len(cells) != len(names):
             count = "an unparseable row" if cells is None else f"{len(cells)} fields"
