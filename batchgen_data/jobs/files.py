@@ -6,7 +6,7 @@ only complete and readable (written to a temporary name, read back, then renamed
 exists in OUTPUT exactly when it is done: a rerun with the same OUTPUT skips done parts and
 redoes the rest, and every input row comes out exactly once, keyed by (input file, row number).
 
-OUTPUT has one owner at a time: a job holds an OS lock on ``OUTPUT/_batchgen.lock`` from before
+OUTPUT has one owner at a time: a job holds an OS lock on ``OUTPUT/.batchgen.lock`` from before
 it reads the manifest until it ends. The kernel releases it when the process dies, so a rerun
 after ``kill -9`` takes it at once, and a second job started meanwhile is refused.
 OUTPUT is checked before any work: a file, an unwritable place, the parts of another job there,
@@ -32,7 +32,7 @@ from batchgen_data.errors import BatchGenError, ConfigError
 OUTPUT_FORMATS = ("parquet", "jsonl")
 MANIFEST = "_batchgen_job.json"
 SKIPPED = "_skipped.json"
-LOCK = "_batchgen.lock"
+LOCK = ".batchgen.lock"  # hidden: readers of the folder (pyarrow, datasets) skip it
 _JOB_FILES = (MANIFEST, SKIPPED)
 
 

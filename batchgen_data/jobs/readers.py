@@ -11,7 +11,7 @@ Values come back as they went in. pyarrow's readers turn a column of integers an
 integer beyond int64, into doubles, which rounds integers beyond 2**53 (ids, the values ETL jobs
 join on). A part whose fast read has a floating column and whose text holds such an integer is
 read by the exact readers instead: JSON by Python's ``json`` (a column that cannot hold its values
-exactly is stored as JSON text), a CSV column as the cells' text.
+exactly is stored as JSON text), a CSV column as JSON text of its cells' values.
 """
 
 from __future__ import annotations
@@ -141,22 +141,32 @@ def _fast_read(kind: str, data: bytes, name: str) -> InputTable | None:
     table = table.rename_columns(unique_names(table.column_names, name))
     floating = [f.name for f in table.schema if pa.types.is_floating(f.type)]
     if floating and _LONG_INTEGER.search(data):
-        table = _exact_csv_columns(table, data, floating)
+        return _exact_csv_columns(table, data, floating)
     return InputTable(table)
 
 
-def _exact_csv_columns(table: pa.Table, data: bytes, floating: list[str]) -> pa.Table:
-    """``table`` with each floating column that holds a long integer cell read as the cells' text."""
+def _exact_csv_columns(table: pa.Table, data: bytes, floating: list[str]) -> InputTable:
+    """``table`` with each floating column that holds a long integer cell stored as JSON text:
+    the integers' digits as written, the other cells' floats."""
+    import json
+
     import pyarrow.compute as pc
     import pyarrow.csv as pacsv
 
     names = table.column_names
     as_text = pacsv.read_csv(io.BytesIO(data), read_options=pacsv.ReadOptions(column_names=names, skip_rows=1),
                              convert_options=pacsv.ConvertOptions(column_types=dict.fromkeys(floating, pa.string())))
-    wanted = set(floating)
+    wanted, json_columns = set(floating), set()
     for index, name in enumerate(names):
-        if name in wanted:
-            cells = as_text.column(index)
-            if pc.any(pc.match_substring_regex(cells, _LONG_INTEGER_CELL)).as_py():
-                table = table.set_column(index, name, cells)
-    return table
+        if name not in wanted:
+            continue
+        cells = as_text.column(index)
+        is_integer = pc.match_substring_regex(cells, _LONG_INTEGER_CELL)
+        if not pc.any(is_integer).as_py():
+            continue
+        texts = [None if value is None else str(int(cell)) if integer else json.dumps(value)
+                 for cell, integer, value in zip(cells.to_pylist(), is_integer.to_pylist(),
+                                                 table.column(index).to_pylist())]
+        table = table.set_column(index, name, pa.array(texts, pa.string()))
+        json_columns.add(name)
+    return InputTable(table, json_columns)
