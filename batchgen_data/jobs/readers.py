@@ -9,7 +9,8 @@ becomes an error row and every other line reads as it would have.
 
 Values come back as they went in. pyarrow's readers turn a column of integers and floats, or an
 integer beyond int64, into doubles, which rounds integers beyond 2**53 (ids, the values ETL jobs
-join on). A part whose fast read has a floating column and whose text holds such an integer is
+join on). A part whose fast read has a floating column and whose text holds such an integer, or
+that pyarrow's JSON reader reads into an invalid table (a list whose first item is null), is
 read by the exact readers instead: JSON by Python's ``json`` (a column that cannot hold its values
 exactly is stored as JSON text), a CSV column as JSON text of its cells' values.
 """
@@ -133,6 +134,14 @@ def _fast_read(kind: str, data: bytes, name: str) -> InputTable | None:
 
         table = pajson.read_json(io.BytesIO(data))
         if has_floating(table.schema) and _LONG_INTEGER.search(data):
+            return None
+        try:
+            # pyarrow 26's JSON reader builds a list whose first item is null with bad offsets:
+            # [null, false] reads as [false, false], [null, 1] as [1, 0]. A full validation
+            # finds such arrays; the line-by-line reader reads them right.
+            table.validate(full=True)
+        except pa.ArrowInvalid:
+            logger.info("%s: pyarrow's reader built an invalid table; reading it line by line", name)
             return None
         return InputTable(table)
     import pyarrow.csv as pacsv

@@ -164,12 +164,33 @@ def _fix_bytes(text: str) -> str:
 
 
 def _column(values: list) -> tuple[pa.Array, bool]:
-    """An Arrow column of ``values``, or their JSON text when Arrow has no one type for them."""
+    """An Arrow column of ``values``, or their JSON text when Arrow has no one type that holds
+    them all as they are. ``pa.array`` may find a type by changing values (``[0.0, false]`` as
+    doubles ``[0, 0]``): the column is kept only if every value reads back the same."""
     try:
-        return pa.array(values), False
+        array = pa.array(values)
+        if all(_kept(v, b) for v, b in zip(values, array.to_pylist())):
+            return array, False
     except (pa.ArrowException, OverflowError, TypeError):
-        texts = [None if v is None else json.dumps(v, ensure_ascii=False) for v in values]
-        return pa.array(texts, pa.string()), True
+        pass
+    texts = [None if v is None else json.dumps(v, ensure_ascii=False) for v in values]
+    return pa.array(texts, pa.string()), True
+
+
+def _kept(value: Any, back: Any) -> bool:
+    """Whether ``back`` (a value read back from Arrow) is ``value``: the same booleans, numbers
+    of the same value (an integer may come back as an equal float), strings, lists, and objects
+    (a key another row has comes back null)."""
+    if value is None or isinstance(value, (bool, str)):
+        return back is value or (type(back) is type(value) and back == value)
+    if isinstance(value, (int, float)):
+        return isinstance(back, (int, float)) and not isinstance(back, bool) and back == value
+    if isinstance(value, list):
+        return isinstance(back, list) and len(back) == len(value) and all(map(_kept, value, back))
+    if isinstance(value, dict):
+        return (isinstance(back, dict) and all(_kept(v, back.get(k)) for k, v in value.items())
+                and all(back[k] is None for k in back.keys() - value.keys()))
+    return back == value
 
 
 def _error_columns(lines: list[Line]) -> dict[str, pa.Array]:
