@@ -1,0 +1,97 @@
+"""Peak memory of a CLI job against the size of its input: bounded by the parts in flight.
+
+Writes a JSONL input of ROWS rows, each a short prompt and ``--columns`` string columns of
+``--bytes`` bytes, runs ``batchgen-data run`` over it in a fresh process (the demo model, one
+output token a row), and reports the process's peak RSS (``wait4``'s ``ru_maxrss``) for each row
+count, with its ratio to the first. A job that held its whole input would grow with the rows;
+one that streams parts stays flat.
+
+    python benchmarks/input_memory.py --rows 10000,100000 --columns 10 --bytes 5000
+
+``--pythonpath DIR`` runs another tree's code (a ``git worktree`` of an earlier commit) for a
+before/after. Writes OUTPUT (default ``docs/results/input-memory-cpu.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import string
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from batchgen_data.hardware import cpu_model
+
+
+def write_input(path: Path, num_rows: int, num_columns: int, num_bytes: int) -> None:
+    rng = random.Random(0)
+    blocks = ["".join(rng.choices(string.ascii_letters + " ", k=num_bytes)) for _ in range(64)]
+    with open(path, "w") as f:
+        for i in range(num_rows):
+            row = {"id": i, "prompt": f"Ticket {i}: the parcel arrived late."}
+            row.update({f"text{c}": blocks[(i + c) % len(blocks)] for c in range(num_columns)})
+            f.write(json.dumps(row) + "\n")
+
+
+def run_job(input_path: Path, output: Path, pythonpath: str | None, rows_per_part: int) -> dict:
+    env = dict(os.environ)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    start = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "batchgen_data.jobs.cli", "run", str(input_path), str(output),
+                             "--max-tokens", "1", "--no-progress", "--rows-per-part", str(rows_per_part)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _, status, usage = os.wait4(proc.pid, 0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stdout, stderr = proc.stdout.read().decode(), proc.stderr.read().decode()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"the job failed: {stderr[-2000:]}")
+    return {"peak_rss_mib": round(usage.ru_maxrss / 1024, 1), "seconds": round(time.perf_counter() - start, 1),
+            "summary": stdout.strip().splitlines()[-1]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", default="10000,100000")
+    parser.add_argument("--columns", type=int, default=10)
+    parser.add_argument("--bytes", type=int, default=5000)
+    parser.add_argument("--rows-per-part", type=int, default=256)
+    parser.add_argument("--pythonpath", default=None, help="run this tree's code instead")
+    parser.add_argument("--workdir", type=Path, default=None, help="where inputs and outputs go (default: a temp folder)")
+    parser.add_argument("--output", type=Path, default=Path("docs/results/input-memory-cpu.json"))
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="input-memory-", dir=args.workdir))
+    results = []
+    try:
+        for num_rows in [int(n) for n in args.rows.split(",")]:
+            path = workdir / f"in-{num_rows}.jsonl"
+            write_input(path, num_rows, args.columns, args.bytes)
+            result = run_job(path, workdir / f"out-{num_rows}", args.pythonpath, args.rows_per_part)
+            result.update(rows=num_rows, input_mib=round(path.stat().st_size / 2**20, 1))
+            results.append(result)
+            print(json.dumps(result), flush=True)
+            path.unlink()
+            shutil.rmtree(workdir / f"out-{num_rows}")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    first = results[0]["peak_rss_mib"]
+    for result in results:
+        result["rss_vs_first"] = round(result["peak_rss_mib"] / first, 3)
+    report = {"cpu": cpu_model(), "columns": args.columns, "bytes": args.bytes,
+              "rows_per_part": args.rows_per_part, "pythonpath": args.pythonpath, "results": results}
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
