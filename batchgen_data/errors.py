@@ -1,4 +1,5 @@
-"""Error types. One base class; each subclass also inherits the matching built-in."""
+"""Error types. One base class; each subclass also inherits the matching built-in. And the
+one-line form of a message, which is what an error row holds."""
 
 
 class BatchGenError(Exception):
@@ -24,3 +25,29 @@ class RequestError(BatchGenError, ValueError):
 
 class EngineDeadError(BatchGenError, RuntimeError):
     """The engine failed (its thread or a rank process died); it cannot serve further requests."""
+
+
+# Where a library's message turns into a dump that does not belong in an error row: a Rust panic's
+# backtrace, llguidance's parser state and grammar, a Python traceback.
+_DUMP_MARKERS = ("stack backtrace:", "<backtrace>", "<state>", "<grammar>", "Traceback (most recent call last)")
+# Most characters of an error row's message (a message may quote the bad value).
+MAX_ERROR_CHARS = 2000
+
+
+def one_line(message: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """``message`` as an error row holds it: cut where a backtrace or state dump starts (a message
+    that is all dump keeps its last line), its lines joined by spaces, at most ``limit`` characters.
+
+    Example:
+        >>> one_line("panic: too many symbols\\nstack backtrace:\\n   0: <unknown>")
+        'panic: too many symbols'
+    """
+    head = message
+    for marker in _DUMP_MARKERS:
+        at = head.find(marker)
+        if at >= 0:
+            head = head[:at]
+    if not head.strip():  # the message is the dump (a Python traceback): its last line says what failed
+        head = next((line for line in reversed(message.splitlines()) if line.strip()), "")
+    text = " ".join(line.strip() for line in head.splitlines() if line.strip()) or "(an error without a message)"
+    return text if len(text) <= limit else text[: limit - 3] + "..."

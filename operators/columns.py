@@ -39,6 +39,7 @@ from batchgen_data.operators.surrogates import escape_lone_surrogates
 
 from batchgen_data.engine.outputs import GenerationOutput
 from batchgen_data.engine.sample.logprobs import Logprob
+from batchgen_data.errors import one_line
 
 ERROR_COLUMN = "__inference_error__"
 LOGPROB_ENTRY = pa.struct([("token_id", pa.int64()), ("logprob", pa.float64()), ("rank", pa.int64()),
@@ -72,8 +73,9 @@ def _unless_failed(value_of: Callable[[GenerationOutput], Any]) -> Callable[[Gen
 
 
 def _error_text(error: str | None) -> str | None:
-    # A message may quote the bad value; an Arrow string column needs valid text.
-    return None if error is None else escape_lone_surrogates(error)
+    # Every row's error is one line (no traceback or library backtrace); a message may quote the
+    # bad value, and an Arrow string column needs valid text.
+    return None if error is None else escape_lone_surrogates(one_line(error))
 
 
 def _or_error(value_of: Callable[[GenerationOutput], Any], error_value: Any) -> Callable[[GenerationOutput], Any]:

@@ -278,8 +278,8 @@ def _format_prompt(template: str, cells: _Cells, index: int) -> str:
         raise RowError(
             f"prompt_template needs column {err.args[0]!r}, not in {sorted(values)}"
         ) from None
-    except (IndexError, ValueError) as err:
-        raise RowError(f"prompt_template could not be filled: {err}") from None
+    except (AttributeError, IndexError, TypeError, ValueError) as err:  # {text.nope}, {text[9]}, {n:%}
+        raise RowError(f"prompt_template could not be filled: {type(err).__name__}: {err}") from None
     if find_lone_surrogate(prompt) is not None:  # name the column it came from
         _check_text(values, "")
     if not prompt.strip():
@@ -326,7 +326,9 @@ def _row_params(value: Any, defaults: SamplingParams, detokenize_outputs: bool =
     merged = defaults.to_dict()
     try:
         # Arrow structs give every key (null where a row did not set it): null means "default".
-        own = normalize_structured_outputs({k: _coerce(k, v) for k, v in value.items() if not _is_null(v)})
+        # A NaN is a value, not a null (Arrow and pandas give a struct's null fields as None), and
+        # SamplingParams refuses it as it refuses infinities.
+        own = normalize_structured_outputs({k: _coerce(k, v) for k, v in value.items() if not _is_unset(v)})
         if isinstance(own.get("structured_outputs"), dict):
             # As Arrow hands a constraint over, a struct gives every field of the column (null
             # where this row has none): a JSON schema loses its null-valued keys (a schema
@@ -388,6 +390,11 @@ def _is_null(value: Any) -> bool:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return True
     return type(value).__name__ in ("NAType", "NaTType")
+
+
+def _is_unset(value: Any) -> bool:
+    """A field a row's struct leaves unset: None, or pandas' NA / NaT (a NaN is a value)."""
+    return value is None or type(value).__name__ in ("NAType", "NaTType")
 
 
 def _coerce(name: str, value: Any) -> Any:

@@ -7,6 +7,7 @@ from batchgen_data.engine.core.request import FinishedRequest
 from batchgen_data.engine.outputs import GenerationOutput, RequestTimings
 from batchgen_data.engine.request_handle import RequestHandle
 from batchgen_data.engine.tokenizer import PromptTokenizer
+from batchgen_data.errors import one_line
 
 
 class OutputBuilder:
@@ -37,7 +38,7 @@ class OutputBuilder:
             finish_reason=done.finish_reason,
             num_input_tokens=len(handle.prompt_token_ids),
             num_generated_tokens=len(tokens),
-            error=done.error,
+            error=None if done.error is None else one_line(done.error),  # never a backtrace
             prompt_token_ids=list(handle.prompt_token_ids),
             num_cached_tokens=done.num_cached_tokens or 0,
             logprobs=None if done.logprobs is None else [e.to_dict(self._token_texts) for e in done.logprobs],

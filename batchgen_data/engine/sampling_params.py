@@ -19,6 +19,11 @@ GUIDED_DECODING_ALIAS = "guided_decoding"
 MAX_ABS_PENALTY = 2.0
 # logit_bias values are clamped to [-100, 100] (OpenAI's range, as vLLM's OpenAI layer does).
 MAX_ABS_LOGIT_BIAS = 100.0
+# The float fields: NaN or an infinity in any of them is an error (as in vLLM), and so is a value
+# float32 cannot hold, the sampler's dtype (a temperature of 1e300 is inf there, and the logits
+# it divides become NaN).
+FLOAT_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 @dataclass(slots=True)
@@ -126,9 +131,11 @@ class SamplingParams:
             raise ConfigError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
         if self.max_tokens < 1:
             raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        for name in FLOAT_FIELDS:
+            _check_finite(name, getattr(self, name))
         if not isinstance(self.temperature, (int, float)) or isinstance(self.temperature, bool):
             raise ConfigError(f"temperature must be a float >= 0, got {self.temperature!r}")
-        if math.isnan(self.temperature) or self.temperature < 0:
+        if self.temperature < 0:
             raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         self.temperature = float(self.temperature) if self.temperature >= SAMPLING_EPS else 0.0
         if not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
@@ -271,9 +278,20 @@ class SamplingParams:
         return cls().to_dict()
 
 
+def _check_finite(name: str, value) -> None:
+    """A float field's value is a finite number float32 holds (other types: the field's own check)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{name} must be a finite number, got {value}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) > FLOAT32_MAX:
+        shown = f"{value:.4g}" if isinstance(value, float) else f"an int of {value.bit_length()} bits"
+        raise ConfigError(f"{name} must be within +-{FLOAT32_MAX:.4g} (float32's range, which the sampler "
+                          f"computes in), got {shown}")
+
+
 def _as_float(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{name} must be a number, got {value!r}")
+    _check_finite(name, value)
     return float(value)
 
 

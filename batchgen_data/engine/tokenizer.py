@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batchgen_data.errors import RequestError
+from batchgen_data.engine.chat_template import ChatTemplateLimits, render_chat_template
+from batchgen_data.errors import RequestError, one_line
 
 
 @dataclass(slots=True, frozen=True)
@@ -25,11 +26,21 @@ Prompt = str | list[int] | list[dict] | ChatPrompt
 
 
 class PromptTokenizer:
-    """Wraps ``transformers.AutoTokenizer`` loaded from the checkpoint folder (if it has one)."""
+    """Wraps ``transformers.AutoTokenizer`` loaded from the checkpoint folder (if it has one).
 
-    def __init__(self, folder: str | Path, vocab_size: int, model_eos_ids: tuple[int, ...] = ()):
+    Args:
+        folder: the checkpoint folder.
+        vocab_size: the model's vocabulary size (token ids must be below it).
+        model_eos_ids: end-of-sequence ids from the model's config.
+        chat_template_limits (ChatTemplateLimits, default 5 s and 16 M characters): each chat
+            row's bound on rendering its template (``chat_template.py``).
+    """
+
+    def __init__(self, folder: str | Path, vocab_size: int, model_eos_ids: tuple[int, ...] = (),
+                 chat_template_limits: ChatTemplateLimits = ChatTemplateLimits()):
         self.folder = Path(folder)
         self.vocab_size = vocab_size
+        self.chat_template_limits = chat_template_limits
         self.hf = _load_hf_tokenizer(self.folder)
         eos = set(model_eos_ids) | _generation_config_eos(self.folder)
         if self.hf is not None and self.hf.eos_token_id is not None:
@@ -63,18 +74,24 @@ class PromptTokenizer:
 
     def apply_chat_template(self, messages: list[dict], chat_template: str | None = None,
                             chat_template_kwargs: dict | None = None) -> list[int]:
+        """Token ids of the conversation rendered with the chat template (``chat_template``, or
+        the tokenizer's) and a generation prompt, as transformers' ``apply_chat_template``,
+        within ``chat_template_limits``; the keys of ``chat_template_kwargs`` are template
+        variables."""
         hf = self._require_hf("a chat messages prompt")
         if not hf.chat_template and chat_template is None:
             raise RequestError(f"the tokenizer in {str(self.folder)!r} has no chat template")
         check_messages(messages)
         messages = normalize_messages(messages)
         try:
-            # transformers 5: tokenize=True returns a dict with input_ids.
-            out = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                         chat_template=chat_template, **(chat_template_kwargs or {}))
+            source = hf.get_chat_template(chat_template)
+            variables = {**hf.special_tokens_map, "add_generation_prompt": True, **(chat_template_kwargs or {})}
+            text = render_chat_template(source, messages, variables, self.chat_template_limits)
+        except RequestError:  # a per-row limit, in its own words
+            raise
         except Exception as err:  # a template's raise_exception() or a jinja error: this row's fault
-            raise RequestError(f"the chat template rejected the messages: {err}") from None
-        return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
+            raise RequestError(f"the chat template rejected the messages: {one_line(str(err))}") from None
+        return hf.encode(text, add_special_tokens=False)
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         if self.hf is None:

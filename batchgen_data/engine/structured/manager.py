@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from batchgen_data.engine.structured.compiler import GrammarCompiler
+from batchgen_data.engine.structured.compiler import GrammarCompiler, compile_error, exceeds_limits
 from batchgen_data.engine.structured.lazy import LAZY_MIN_SHARE, LazyGrammarRows
 from batchgen_data.engine.structured.request import StructuredRequest
-from batchgen_data.errors import BatchGenError
+from batchgen_data.errors import BatchGenError, one_line
 
 if TYPE_CHECKING:
     from batchgen_data.engine.core.sequence import Sequence
@@ -71,11 +71,11 @@ class StructuredOutputManager:
             request.error = str(err)
             return False
         except Exception as err:  # the library's own failure on this constraint: this row's fault
-            request.error = f"structured_outputs could not be compiled: {err}"
+            request.error = f"structured_outputs could not be compiled: {one_line(str(err))}"
             return False
         for token in seq.output_token_ids:  # replay: an imported or resumed sequence
             if not matcher.consume_token(token):
-                request.error = f"structured_outputs: generated token {token} does not match the grammar ({matcher.get_error()})"
+                request.error = _token_error(seq, matcher, token, "generated")
                 return False
         request.matcher = matcher
         return True
@@ -174,10 +174,13 @@ class StructuredOutputManager:
     @staticmethod
     def accept(seq: Sequence, token: int) -> str | None:
         """Advance the sequence's matcher by its sampled token; an error message if the grammar
-        rejects it (only possible if the mask was not applied)."""
+        rejects it (only possible if the mask was not applied) or the library hits one of its
+        limits on the grammar."""
         matcher = seq.structured.matcher
-        if not matcher.consume_token(token):
-            return f"structured_outputs: sampled token {token} does not match the grammar ({matcher.get_error()})"
+        # In error already: filling its mask hit a limit (the mask then allows only EOS, which a
+        # stopped matcher accepts: the row would end as an empty "stop").
+        if matcher.is_error() or not matcher.consume_token(token):
+            return _token_error(seq, matcher, token, "sampled")
         return None
 
     @staticmethod
@@ -187,3 +190,12 @@ class StructuredOutputManager:
 
     def close(self) -> None:
         self.compiler.close()
+
+
+def _token_error(seq: Sequence, matcher, token: int, how: str) -> str:
+    """Why the matcher refused a token: a limit the library hit on this grammar (it builds the
+    lexer as tokens come: ``a{1000000}`` fails at its first token), or a token outside the grammar."""
+    error = one_line(matcher.get_error())  # without the parser state and grammar dump
+    if exceeds_limits(error):
+        return compile_error(seq.params.structured_outputs.kind, error)
+    return f"structured_outputs: {how} token {token} does not match the grammar ({error})"
