@@ -37,6 +37,10 @@ UTF8_BOM = codecs.BOM_UTF8
 # double no longer holds every integer.
 _LONG_INTEGER = re.compile(rb"(?<![\w.])-?\d{16,}(?![\w.])")
 _LONG_INTEGER_CELL = r"^\s*[+-]?\d{16,}\s*$"
+# A JSONL line that is not an object. pyarrow's JSON reader crashes the process on a first line
+# ``null`` and reads a later ``null`` as a row of nulls: such a part goes to the line-by-line
+# reader, which makes that line an error row.
+_NOT_AN_OBJECT = re.compile(rb"(?m)^[ \t\r\f\v]*[^{\s]")
 
 
 class RowCountError(ValueError):
@@ -132,6 +136,8 @@ def _fast_read(kind: str, data: bytes, name: str) -> InputTable | None:
     if kind == "jsonl":
         import pyarrow.json as pajson
 
+        if _NOT_AN_OBJECT.search(data):
+            return None
         table = pajson.read_json(io.BytesIO(data))
         if has_floating(table.schema) and _LONG_INTEGER.search(data):
             return None

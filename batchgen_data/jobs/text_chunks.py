@@ -8,8 +8,9 @@ manifest's identity of the input).
 What counts as a row is what the readers make one: a JSONL row is a line that is not blank (lines
 end at "\\n" only; a line of whitespace gives no row), a CSV row is a record after the header (it
 may span lines inside quotes; Python's ``csv`` finds where it ends, as the line-by-line reader
-does). Bytes are split at ``b"\\n"``, which is right for every ASCII-compatible encoding; a file in
-another one (UTF-16, UTF-32) is first transcoded to a UTF-8 copy (``transcode_to_utf8``).
+does, with lines ending at "\\n", "\\r\\n" or a lone "\\r"). Splitting bytes at line ends is right
+for every ASCII-compatible encoding; a file in another one (UTF-16, UTF-32) is first transcoded
+to a UTF-8 copy (``transcode_to_utf8``).
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from __future__ import annotations
 import codecs
 import csv
 import hashlib
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 UTF8_BOM = codecs.BOM_UTF8
 _BLOCK = 1 << 20
+_LINE_END = re.compile(rb"\r\n|\r|\n")
 # A line whose first non-space byte is one of these has text: no decoding needed to know it.
 _TEXT_START = frozenset(b'{["-0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ')
 
@@ -119,6 +122,22 @@ def _is_blank(raw: bytes, encoding: str) -> bool:
     return not raw.decode(encoding, errors="surrogateescape").strip()
 
 
+def _universal_lines(f) -> Iterator[bytes]:
+    """The file's lines split as Python's universal newlines split them (``\\n``, ``\\r\\n`` and a
+    lone ``\\r``, as in old Mac CSV files), each with its line end."""
+    pending = b""
+    while block := f.read(_BLOCK):
+        data, start = pending + block, 0
+        for match in _LINE_END.finditer(data):
+            if match.end() == len(data) and match.group() == b"\r":
+                break  # a "\r" at the end of the block may be half of a "\r\n"
+            yield data[start:match.end()]
+            start = match.end()
+        pending = data[start:]
+    if pending:
+        yield pending
+
+
 def _csv_units(f, encoding: str, digest, scan: TextScan) -> Iterator[tuple[bytes, int, bool | None]]:
     """(record bytes, lines it spans, whether it is a row) for each CSV record; the header (and
     blank lines before it) also goes to ``scan``, and is yielded with None."""
@@ -126,7 +145,7 @@ def _csv_units(f, encoding: str, digest, scan: TextScan) -> Iterator[tuple[bytes
 
     def lines():
         first = True
-        for raw in f:
+        for raw in _universal_lines(f):
             digest.update(raw)
             consumed.append(raw)
             text = raw.removeprefix(UTF8_BOM) if first and encoding == "utf-8" else raw
