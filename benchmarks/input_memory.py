@@ -2,7 +2,7 @@
 
 Writes a JSONL input of ROWS rows, each a short prompt and ``--columns`` string columns of
 ``--bytes`` bytes, runs ``batchgen-data run`` over it in a fresh process (the demo model, one
-output token a row), and reports the process's peak RSS (``wait4``'s ``ru_maxrss``) for each row
+output token a row, a 256 MiB KV pool), and reports the process's peak RSS (``wait4``'s ``ru_maxrss``) for each row
 count, with its ratio to the first. A job that held its whole input would grow with the rows;
 one that streams parts stays flat.
 
@@ -39,13 +39,14 @@ def write_input(path: Path, num_rows: int, num_columns: int, num_bytes: int) -> 
             f.write(json.dumps(row) + "\n")
 
 
-def run_job(input_path: Path, output: Path, pythonpath: str | None, rows_per_part: int) -> dict:
+def run_job(input_path: Path, output: Path, pythonpath: str | None, rows_per_part: int, kv_bytes: int) -> dict:
     env = dict(os.environ)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     start = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "batchgen_data.jobs.cli", "run", str(input_path), str(output),
-                             "--max-tokens", "1", "--no-progress", "--rows-per-part", str(rows_per_part)],
+                             "--max-tokens", "1", "--no-progress", "--rows-per-part", str(rows_per_part),
+                             "--kv-cache-memory-bytes", str(kv_bytes)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         _, status, usage = os.wait4(proc.pid, 0)
@@ -65,6 +66,9 @@ def main() -> None:
     parser.add_argument("--columns", type=int, default=10)
     parser.add_argument("--bytes", type=int, default=5000)
     parser.add_argument("--rows-per-part", type=int, default=256)
+    parser.add_argument("--kv-cache-memory-bytes", type=int, default=256 * 2**20,
+                        help="the engine's KV pool: its pages become resident as blocks are first used, "
+                             "so a small pool reaches its full size early and the rows' share shows")
     parser.add_argument("--pythonpath", default=None, help="run this tree's code instead")
     parser.add_argument("--workdir", type=Path, default=None, help="where inputs and outputs go (default: a temp folder)")
     parser.add_argument("--output", type=Path, default=Path("docs/results/input-memory-cpu.json"))
@@ -75,7 +79,8 @@ def main() -> None:
         for num_rows in [int(n) for n in args.rows.split(",")]:
             path = workdir / f"in-{num_rows}.jsonl"
             write_input(path, num_rows, args.columns, args.bytes)
-            result = run_job(path, workdir / f"out-{num_rows}", args.pythonpath, args.rows_per_part)
+            result = run_job(path, workdir / f"out-{num_rows}", args.pythonpath, args.rows_per_part,
+                             args.kv_cache_memory_bytes)
             result.update(rows=num_rows, input_mib=round(path.stat().st_size / 2**20, 1))
             results.append(result)
             print(json.dumps(result), flush=True)
@@ -87,7 +92,8 @@ def main() -> None:
     for result in results:
         result["rss_vs_first"] = round(result["peak_rss_mib"] / first, 3)
     report = {"cpu": cpu_model(), "columns": args.columns, "bytes": args.bytes,
-              "rows_per_part": args.rows_per_part, "pythonpath": args.pythonpath, "results": results}
+              "rows_per_part": args.rows_per_part, "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
+              "pythonpath": args.pythonpath, "results": results}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
