@@ -126,14 +126,6 @@ def clear_output(output: Path) -> None:
         raise OutputPathError(f"cannot clear OUTPUT {output}: {err.strerror or err}") from None
 
 
-def plan_parts(num_rows_per_file: list[int], rows_per_part: int) -> list[Part]:
-    return [
-        Part(i, start, min(rows_per_part, n - start))
-        for i, n in enumerate(num_rows_per_file)
-        for start in range(0, n, rows_per_part)
-    ]
-
-
 def open_output(output: Path, manifest_json: str, skipped: list[dict]) -> set[str]:
     """Record the job in OUTPUT (created and locked by ``locked_output``) and the input files
     skipped this run in ``_skipped.json`` (none: no such file); the names of the parts done."""

@@ -26,7 +26,13 @@ from batchgen_data.jobs.files import Part
 from batchgen_data.jobs.input_table import InputTable
 from batchgen_data.jobs.job_schema import JobSchema, SchemaBuilder
 from batchgen_data.jobs.readers import INPUT_SUFFIXES, input_kind, read_parquet_rows, read_text
-from batchgen_data.jobs.text_chunks import TextChunk, TextScan, is_ascii_compatible, scan_text, transcode_to_utf8
+from batchgen_data.jobs.text_chunks import (
+    TextChunk,
+    TextScan,
+    is_ascii_compatible,
+    scan_text,
+    transcode_to_utf8,
+)
 
 # Names a folder listing skips: hidden files and writers' markers (Spark's ``_SUCCESS``, ``.crc``
 # checksums), the prefixes pyarrow datasets skip too.

@@ -21,6 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from batchgen_data.errors import ConfigError
 from batchgen_data.jobs.files import (
     Part,
     check_output,
@@ -36,7 +37,6 @@ from batchgen_data.jobs.interrupt import run_interruptible
 from batchgen_data.jobs.manifest import JobManifest, job_options
 from batchgen_data.jobs.progress import JobProgress
 from batchgen_data.jobs.readers import resolve_encoding
-from batchgen_data.errors import ConfigError
 from batchgen_data.operators.columns import ERROR_COLUMN, OUTPUT_COLUMNS
 from batchgen_data.operators.json_column import GENERATED_JSON_COLUMN
 from batchgen_data.operators.rows import StageConfig
