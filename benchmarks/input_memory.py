@@ -3,8 +3,11 @@
 Writes a JSONL input of ROWS rows, each a short prompt and ``--columns`` string columns of
 ``--bytes`` bytes, runs ``batchgen-data run`` over it in a fresh process (the demo model, one
 output token a row, a 256 MiB KV pool), and reports the process's peak RSS (``wait4``'s ``ru_maxrss``) for each row
-count, with its ratio to the first. A job that held its whole input would grow with the rows;
-one that streams parts stays flat.
+count. The same rows without the string columns run beside them as the baseline: the engine's
+own memory grows with the rows it has run (its KV pool's pages become resident as blocks are
+first used; glibc's heap fragments), so the input's share is the difference, ``input_share_mib``.
+A job that held its whole input would see that share grow with the rows; one that streams parts
+keeps it flat.
 
     python benchmarks/input_memory.py --rows 10000,100000 --columns 10 --bytes 5000
 
@@ -47,7 +50,8 @@ def run_job(input_path: Path, output: Path, pythonpath: str | None, rows_per_par
     proc = subprocess.Popen([sys.executable, "-m", "batchgen_data.jobs.cli", "run", str(input_path), str(output),
                              "--max-tokens", "1", "--no-progress", "--rows-per-part", str(rows_per_part),
                              "--kv-cache-memory-bytes", str(kv_bytes)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=output.parent)  # not this checkout: `-m` puts the cwd first on sys.path
     try:
         _, status, usage = os.wait4(proc.pid, 0)
     finally:
@@ -82,15 +86,19 @@ def main() -> None:
             result = run_job(path, workdir / f"out-{num_rows}", args.pythonpath, args.rows_per_part,
                              args.kv_cache_memory_bytes)
             result.update(rows=num_rows, input_mib=round(path.stat().st_size / 2**20, 1))
+            path.unlink()
+            shutil.rmtree(workdir / f"out-{num_rows}")
+            write_input(path, num_rows, 0, 0)
+            baseline = run_job(path, workdir / f"out-{num_rows}", args.pythonpath, args.rows_per_part,
+                               args.kv_cache_memory_bytes)
+            result.update(baseline_peak_rss_mib=baseline["peak_rss_mib"],
+                          input_share_mib=round(result["peak_rss_mib"] - baseline["peak_rss_mib"], 1))
             results.append(result)
             print(json.dumps(result), flush=True)
             path.unlink()
             shutil.rmtree(workdir / f"out-{num_rows}")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    first = results[0]["peak_rss_mib"]
-    for result in results:
-        result["rss_vs_first"] = round(result["peak_rss_mib"] / first, 3)
     report = {"cpu": cpu_model(), "columns": args.columns, "bytes": args.bytes,
               "rows_per_part": args.rows_per_part, "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
               "pythonpath": args.pythonpath, "results": results}

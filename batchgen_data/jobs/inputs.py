@@ -54,7 +54,7 @@ class BadInput:
 @dataclass(slots=True, frozen=True)
 class PartSource:
     """Where one part's rows are: rows of a Parquet file, or a byte range of a JSONL / CSV file
-    (with the CSV header record). Plain data: Ray read tasks carry it to the reading process."""
+    (with the CSV header record)."""
 
     path: str
     kind: str

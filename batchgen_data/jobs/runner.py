@@ -186,7 +186,6 @@ async def _run_local(spec, stage, inputs: JobInputs, pending: list[int], progres
 def _run_ray(spec, stage, inputs: JobInputs, pending: list[int], progress, summary) -> None:
     import ray
 
-    from batchgen_data.jobs.part_datasource import PartDatasource
     from batchgen_data.operators.ray_operator import BatchGenOperator
 
     if not pending:
@@ -216,10 +215,15 @@ def _run_ray(spec, stage, inputs: JobInputs, pending: list[int], progress, summa
             share = max(0.1, int(20 * (total - 1 - spec.workers * cpus) / (spec.workers * ranks)) / 20)
             stage = replace(stage, engine_config=replace(engine, rank_resources={"CPU": share}))
         operator_kwargs = _operator_kwargs(stage)
-        # Parts are read by Ray tasks pinned to this node (the input files are here), one part
-        # per task, as Ray Data's backpressure asks for them.
-        source = PartDatasource(inputs, pending, _PART_COLUMN, _ROW_COLUMN)
-        ds = ray.data.read_datasource(source, ray_remote_args=source.remote_args()).map_batches(
+        # The driver reads the pending parts and hands them to Ray's object store (which spills
+        # to disk), so this process holds no more than the local run's parts in flight beyond
+        # one part at a time; the blocks are the parts, tagged to be put back together.
+        blocks = []
+        for index, part_index in enumerate(pending):
+            table = inputs.read_part(part_index)
+            table = table.append_column(_PART_COLUMN, pa.array([index] * table.num_rows, pa.int64()))
+            blocks.append(ray.put(table.append_column(_ROW_COLUMN, pa.array(range(table.num_rows), pa.int64()))))
+        ds = ray.data.from_arrow_refs(blocks).map_batches(
             BatchGenOperator,
             fn_constructor_kwargs=operator_kwargs,
             batch_size=spec.batch_size,
