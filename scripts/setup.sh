@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 VENV=".venv"
 STAMP="$VENV/.batchgen-setup-stamp"
-want="$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)"
+want="$(cat pyproject.toml setup.py constraints.txt | sha256sum | cut -d' ' -f1)"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   exit 0
 fi
