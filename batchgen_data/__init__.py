@@ -26,18 +26,18 @@ _EXPORTS = {
     "PoolingParams": "batchgen_data.engine.pooling_params",
     "StructuredOutputsParams": "batchgen_data.engine.structured.params",
     "BatchGenOperator": "batchgen_data.operators",
-    "BatchGenProcessorConfig": "batchgen_data.processor",
+    "BatchGenProcessorConfig": "batchgen_data.config.ray_processor",
     "build_processor": "batchgen_data.processor",
     "BatchGenMap": "batchgen_data.operators",
     # Ray Data LLM's names (``from ray.data.llm import ...`` -> ``from batchgen_data import ...``):
     # ours where this engine runs them...
-    "vLLMEngineProcessorConfig": "batchgen_data.processor",
+    "vLLMEngineProcessorConfig": "batchgen_data.config.ray_processor",
     "build_llm_processor": "batchgen_data.processor",
     "Processor": "batchgen_data.processor",
-    "ChatTemplateStageConfig": "batchgen_data.stage_configs",
-    "DetokenizeStageConfig": "batchgen_data.stage_configs",
-    "PrepareMultimodalStageConfig": "batchgen_data.stage_configs",
-    "TokenizerStageConfig": "batchgen_data.stage_configs",
+    "ChatTemplateStageConfig": "batchgen_data.config.ray_stages",
+    "DetokenizeStageConfig": "batchgen_data.config.ray_stages",
+    "PrepareMultimodalStageConfig": "batchgen_data.config.ray_stages",
+    "TokenizerStageConfig": "batchgen_data.config.ray_stages",
     # ...and Ray's own for the processors it runs (``build_processor`` hands them to Ray's).
     "ProcessorConfig": "ray.data.llm",
     "HttpRequestProcessorConfig": "ray.data.llm",
@@ -92,14 +92,9 @@ if TYPE_CHECKING:
         RequestError,
     )
     from batchgen_data.operators import BatchGenMap, BatchGenOperator
-    from batchgen_data.processor import (
-        BatchGenProcessorConfig,
-        Processor,
-        build_llm_processor,
-        build_processor,
-        vLLMEngineProcessorConfig,
-    )
-    from batchgen_data.stage_configs import (
+    from batchgen_data.config.ray_processor import BatchGenProcessorConfig, vLLMEngineProcessorConfig
+    from batchgen_data.processor import Processor, build_llm_processor, build_processor
+    from batchgen_data.config.ray_stages import (
         ChatTemplateStageConfig,
         DetokenizeStageConfig,
         PrepareMultimodalStageConfig,

@@ -51,3 +51,14 @@ def one_line(message: str, limit: int = MAX_ERROR_CHARS) -> str:
         head = next((line for line in reversed(message.splitlines()) if line.strip()), "")
     text = " ".join(line.strip() for line in head.splitlines() if line.strip()) or "(an error without a message)"
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def error_text(err: BaseException) -> str:
+    """An exception as an error row holds it: ``TypeName: message`` on one line (Ray Data LLM's
+    ``f"{type(e).__name__}: {e}"``, so errors group by their first word).
+
+    Example:
+        >>> error_text(RequestError("prompt has 132 tokens; the context limit is 128"))
+        'RequestError: prompt has 132 tokens; the context limit is 128'
+    """
+    return f"{type(err).__name__}: {one_line(str(err))}"

@@ -16,14 +16,15 @@ from dataclasses import asdict, dataclass, is_dataclass, replace
 from typing import Any
 
 from batchgen_data.config import EngineConfig
-from batchgen_data.engine.pooling_params import POOLING_TASKS, PoolingParams
+from batchgen_data.config.tasks import POOLING_TASKS, TASK_TYPES
+from batchgen_data.engine.pooling_params import PoolingParams
 from batchgen_data.engine.sampling_params import SamplingParams, normalize_structured_outputs
 from batchgen_data.engine.structured.params import StructuredOutputsParams
 from batchgen_data.engine.tokenizer import ChatPrompt, check_messages
 from batchgen_data.operators.columns import RowResult
 from batchgen_data.operators.json_column import bound_to_column
 from batchgen_data.operators.surrogates import find_lone_surrogate
-from batchgen_data.errors import BatchGenError, ConfigError
+from batchgen_data.errors import BatchGenError, ConfigError, error_text
 
 # A row's prompt, in Ray Data LLM's order: ``messages`` render through the chat template and
 # replace ``prompt`` (Ray's chat-template stage overwrites it), and token ids given as
@@ -32,7 +33,6 @@ PROMPT_COLUMNS = ("messages", "tokenized_prompt", "prompt_token_ids", "prompt")
 SAMPLING_PARAMS_COLUMN = "sampling_params"
 # What a stage runs (Ray Data LLM's ``task_type``); the pooling ones read a row's
 # ``pooling_params`` (Ray's column) instead of its ``sampling_params``.
-TASK_TYPES = ("generate", *POOLING_TASKS)
 POOLING_PARAMS_COLUMN = "pooling_params"
 # A reader's reason to reject a row (an unparseable line, invalid bytes): the row becomes an
 # error row with this message, and the column is not passed through (it would repeat the error).
@@ -212,7 +212,7 @@ def prepare_rows(columns: dict[str, list], num_rows: int, config: StageConfig) -
             else:
                 row.params = _row_pooling_params(cells.get(POOLING_PARAMS_COLUMN, i), config.task_type)
         except (BatchGenError, TypeError, ValueError) as err:
-            row.prompt, row.params, row.error = None, None, str(err)
+            row.prompt, row.params, row.error = None, None, error_text(err)
         rows.append(row)
     return rows
 

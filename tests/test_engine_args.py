@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from batchgen_data import BatchGenProcessorConfig, ConfigError, EngineConfig, build_processor
-from batchgen_data.engine_args import ENGINE_ARGS, Kind, render_markdown, to_engine_config
+from batchgen_data.config.engine_args import ENGINE_ARGS, Kind, render_markdown, to_engine_config
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "engine-kwargs.md"
 
@@ -101,8 +101,8 @@ def test_an_unknown_key_lists_the_known_ones():
 
 
 def test_declaring_any_config_is_fine_and_build_processor_checks_it():
-    lora = BatchGenProcessorConfig(engine_kwargs={"enable_lora": True, "max_lora_rank": 32, "max_loras": 1})
-    unknown = BatchGenProcessorConfig(engine_kwargs={"not_an_argument": 1})
+    lora = BatchGenProcessorConfig(model_source="demo", engine_kwargs={"enable_lora": True, "max_lora_rank": 32, "max_loras": 1})
+    unknown = BatchGenProcessorConfig(model_source="demo", engine_kwargs={"not_an_argument": 1})
     for config, message in ((lora, "enable_lora=True"), (unknown, "unknown engine_kwargs")):
         with pytest.raises(ConfigError, match=message):
             build_processor(config)
@@ -125,5 +125,5 @@ def test_every_argument_has_a_kind_and_a_reason():
 
 
 def test_the_committed_doc_is_the_tables_rendering():
-    # regenerate with: python -m batchgen_data.engine_args > docs/engine-kwargs.md
+    # regenerate with: python -m batchgen_data.config.engine_args > docs/engine-kwargs.md
     assert DOC.read_text() == render_markdown()

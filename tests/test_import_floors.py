@@ -16,18 +16,16 @@ REPO = Path(__file__).resolve().parent.parent
 # Top-level part of the package -> floor (higher floors may import lower ones, never the reverse).
 FLOORS = {
     "errors": 0,
-    "config": 0,
+    "config": 0,  # every config: the engine's, vLLM's engine arguments, Ray Data LLM's processor and stages
     "paths": 0,
     "hardware": 0,  # the CPU's name, for cache keys and benchmark reports
-    "speculative_config": 0,  # EngineConfig.speculative_config's dataclass
     "model": 1,
     "engine": 2,
     "distributed": 3,
     "operators": 4,
     "jobs": 5,
     "processor": 5,  # Ray Data LLM's processor API over the operator
-    "engine_args": 5,  # vLLM's engine arguments (Ray Data LLM's engine_kwargs) as EngineConfig
-    "stage_configs": 5,  # Ray Data LLM's per-stage configs, read by the processor
+    "processor_stages": 5,  # its stages as Ray names them (the engine stage is the operator)
 }
 
 

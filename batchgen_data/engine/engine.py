@@ -40,7 +40,7 @@ from batchgen_data.engine.stats import EngineStats
 from batchgen_data.engine.step_report import StepReport
 from batchgen_data.engine.timeline import StepTimeline
 from batchgen_data.engine.tokenizer import ChatPrompt, PromptTokenizer
-from batchgen_data.errors import BatchGenError, ConfigError, RequestError
+from batchgen_data.errors import BatchGenError, ConfigError, RequestError, error_text
 from batchgen_data.model import ModelConfig
 from batchgen_data.model.resolve import resolve_model
 
@@ -116,7 +116,7 @@ class Engine:
         except BatchGenError as err:  # never reaches an executor
             handle = self._new_handle(request, RequestProgress(
                 request_id, SequenceStatus.WAITING, 0, 0, len(request.prompt_token_ids)))
-            handle.finish(self.to_output(handle, FinishedRequest(request_id, [], "error", str(err)), now))
+            handle.finish(self.to_output(handle, FinishedRequest(request_id, [], "error", error_text(err)), now))
             return handle
         self.executor.add(request)
         handle = self._handles[request_id] = self._new_handle(request, RequestProgress.of_new(request))

@@ -13,14 +13,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from batchgen_data.config.tasks import POOLING_TASKS
 from batchgen_data.errors import ConfigError, RequestError
 
 if TYPE_CHECKING:
     from batchgen_data.model.config import ModelConfig
 
-# vLLM's pooling tasks this engine runs (``LLM.embed`` / ``LLM.classify``; Ray Data LLM's
-# ``task_type``).
-POOLING_TASKS = ("embed", "classify")
 # The fields each task takes (vLLM's ``PoolingParams.valid_parameters``); another task's field
 # set is an error, as in vLLM.
 _TASK_FIELDS = {"embed": ("dimensions", "normalize"), "classify": ("use_activation",)}
@@ -42,6 +40,11 @@ class PoolingParams:
             ``problem_type``; none for ``regression``), else return the logits.
         truncate_prompt_tokens (int | None, default None): keep only the last k prompt tokens
             (left truncation); -1 keeps as many as the context limit holds.
+        skip_reading_prefix_cache (bool | None, default None -> True): compute the whole prompt,
+            taking no prefix from the cache, so a prompt's pooled output does not depend on what
+            was cached before it (identical prompts give identical embeddings, as Ray Data LLM's
+            tests expect). False takes a cached prefix's KV, as vLLM's default for LAST pooling:
+            faster for rows sharing a long prefix, equal to about 1e-7.
 
     Example:
         >>> PoolingParams(task="embed", dimensions=32).for_task("embed").normalize
@@ -53,6 +56,7 @@ class PoolingParams:
     normalize: bool | None = None
     use_activation: bool | None = None
     truncate_prompt_tokens: int | None = None
+    skip_reading_prefix_cache: bool | None = None
 
     def __post_init__(self) -> None:
         self.verify()
@@ -65,7 +69,7 @@ class PoolingParams:
         value = self.dimensions
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ConfigError(f"dimensions must be an int >= 1 or None, got {value!r}")
-        for name in ("normalize", "use_activation"):
+        for name in ("normalize", "use_activation", "skip_reading_prefix_cache"):
             if getattr(self, name) not in (None, True, False):
                 raise ConfigError(f"{name} must be a bool or None, got {getattr(self, name)!r}")
         value = self.truncate_prompt_tokens

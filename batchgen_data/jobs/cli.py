@@ -28,10 +28,11 @@ import sys
 import threading
 from pathlib import Path
 
-from batchgen_data.config import PLACEMENT_STRATEGIES
+from batchgen_data.config import EXPERT_BACKENDS, PLACEMENT_STRATEGIES
+from batchgen_data.config.tasks import TASK_TYPES
 from batchgen_data.errors import BatchGenError, ConfigError
 from batchgen_data.jobs.sizes import parse_byte_size
-from batchgen_data.operators.rows import STAGE_SAMPLING_DEFAULTS, TASK_TYPES
+from batchgen_data.operators.rows import STAGE_SAMPLING_DEFAULTS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -110,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--dtype", default="auto")
     engine.add_argument("--max-num-seqs", type=int, default=256)
     engine.add_argument("--kv-cache-memory-bytes", type=int, default=None)
-    engine.add_argument("--expert-backend", choices=("native", "deepspeed"), default="native")
+    engine.add_argument("--expert-backend", choices=EXPERT_BACKENDS, default="native")
     engine.add_argument("--expert-parallel-size", type=int, default=1,
                         help="N > 1: spread the experts over N rank processes "
                              "(DeepSpeed-MoE all-to-all)")

@@ -176,7 +176,7 @@ def test_the_layer_drafts_only_what_the_policy_would_keep():
 
     from batchgen_data.engine.spec.drafter import Drafter
     from batchgen_data.engine.spec.policy import PROBE_EVERY, RowAcceptance
-    from batchgen_data.speculative_config import SpeculativeConfig
+    from batchgen_data.config.speculative import SpeculativeConfig
 
     drafter = Drafter(SpeculativeConfig(**MTP), max_model_len=256)
     for q in range(1, 65):  # a memory-bound step at few tokens, compute-bound at many

@@ -162,12 +162,21 @@ def test_a_pooling_rows_blocks_are_freed_in_the_step_it_finishes(tiny_checkpoint
     assert engine.executor.blocks.num_used == 0
 
 
-def test_pooling_rows_take_a_shared_prefix_from_the_cache(tiny_checkpoint):
+def test_pooling_rows_take_a_shared_prefix_from_the_cache_only_when_asked(tiny_checkpoint):
+    """By default a pooled row computes its whole prompt, so identical prompts give identical
+    embeddings whatever was cached (Ray Data LLM's tests compare them with ==); with
+    ``skip_reading_prefix_cache=False`` (vLLM's default for LAST pooling) it takes the cached
+    prefix, and its embedding is equal to float precision."""
     folder, _ = tiny_checkpoint("qwen3_moe")
     prefix = list(range(100, 140))
     prompts = [prefix + [7, 8, 9], prefix + [11, 12]]
+    engine = Engine(folder, EngineConfig(max_num_seqs=8, block_size=8))
+    first, again = engine.embed(prompts[:1])[0], engine.embed(prompts[:1])[0]
+    assert first.num_cached_tokens == 0 and again.num_cached_tokens == 0
+    assert again.embeddings == first.embeddings  # bitwise
     cached = Engine(folder, EngineConfig(max_num_seqs=8, block_size=8))
-    first, second = cached.embed(prompts[:1])[0], cached.embed(prompts[1:])[0]
+    reading = PoolingParams(skip_reading_prefix_cache=False)
+    first, second = cached.embed(prompts[:1], reading)[0], cached.embed(prompts[1:], reading)[0]
     assert first.num_cached_tokens == 0 and second.num_cached_tokens == 40
     uncached = Engine(folder, EngineConfig(max_num_seqs=8, block_size=8, enable_prefix_caching=False)).embed(prompts)
     assert _close(second.embeddings, torch.tensor(uncached[1].embeddings), SAME_ATOL)

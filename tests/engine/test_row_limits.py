@@ -16,7 +16,7 @@ from batchgen_data.engine.structured.compiler import compile_error
 from batchgen_data.errors import ConfigError, one_line
 
 NON_FINITE = [math.nan, math.inf, -math.inf]
-REGEX_TOO_LARGE = "structured_outputs regex too large to compile: lexer error: too many expressions constructed"
+REGEX_TOO_LARGE = "RequestError: structured_outputs regex too large to compile: lexer error: too many expressions constructed"
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def test_an_infinite_temperature_with_a_constraint_is_a_finite_number_error_not_
     good, bad = engine.generate(["Ready?", "Ready?"], [SamplingParams(max_tokens=4, structured_outputs=constraint),
                                                        _unverified(temperature=math.inf, structured_outputs=constraint)])
     assert good.error is None and good.text in ("yes", "no")
-    assert bad.finish_reason == "error" and bad.error == "temperature must be a finite number, got inf"
+    assert bad.finish_reason == "error" and bad.error == "ConfigError: temperature must be a finite number, got inf"
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
@@ -96,5 +96,5 @@ def test_a_library_panic_is_one_line_without_its_backtrace():
     assert one_line("thread 'main' panicked at src/lib.rs:1:1:\nboom\nstack backtrace:\n   0: rust_begin_unwind") == \
         "thread 'main' panicked at src/lib.rs:1:1: boom"
     assert one_line("Traceback (most recent call last):\n  File 'x.py', line 1\nValueError: bad\n") == "ValueError: bad"
-    assert compile_error("regex", "lexer error: too many expressions constructed\n<state>\nTokens: x\n</state>") == \
-        REGEX_TOO_LARGE
+    assert "RequestError: " + compile_error("regex", "lexer error: too many expressions constructed\n<state>\n"
+                                            "Tokens: x\n</state>") == REGEX_TOO_LARGE

@@ -69,9 +69,9 @@ def test_malformed_lines_become_error_rows_and_the_others_run(tmp_path, capsys, 
     rows = _output(tmp_path / "out")
     assert [r["id"] for r in rows] == [0, 1, None, 3, None, 5]  # one row per line, blank line none
     cut, array = rows[2], rows[4]
-    assert cut["__inference_error__"].startswith("malformed_line.jsonl line 3: invalid JSON")
+    assert cut["__inference_error__"].startswith("RowError: malformed_line.jsonl line 3: invalid JSON")
     assert cut["__raw_input__"] == '{"id": 2, "prompt": "Ticket 2: where is'
-    assert array["__inference_error__"] == "malformed_line.jsonl line 6: expected a JSON object, got an array"
+    assert array["__inference_error__"] == "RowError: malformed_line.jsonl line 6: expected a JSON object, got an array"
     assert array["__raw_input__"] == '["not", "an", "object"]' and array["finish_reason"] == "error"
     good = [r for r in rows if r["id"] is not None]
     expected = reference([r["prompt"] for r in good])
@@ -87,10 +87,10 @@ def test_mixed_types_in_a_column_reach_row_validation(tmp_path, capsys):
     assert set(rows) == {"m0", "m1", "m2", "m3", "t0", "t1", "t2", "s0", "s1", "s2"}
     errors = {i: r["__inference_error__"] for i, r in rows.items() if r["__inference_error__"]}
     assert errors == {
-        "m1": "column 'messages': messages must be a list of {role, content} objects, got str",
-        "m2": "column 'messages': messages must be a list of {role, content} objects, got dict",
-        "t1": "token ids must be integers, got 'eleven' (str)",
-        "s1": "sampling_params must be a dict, got str",
+        "m1": "RowError: column 'messages': messages must be a list of {role, content} objects, got str",
+        "m2": "RowError: column 'messages': messages must be a list of {role, content} objects, got dict",
+        "t1": "RequestError: token ids must be integers, got 'eleven' (str)",
+        "s1": "RowError: sampling_params must be a dict, got str",
     }
     assert all(rows[i]["generated_text"] for i in rows if i not in errors)
     # The row's own sampling_params applied (decoded from the JSON text the column keeps).
@@ -104,7 +104,7 @@ def test_a_bad_byte_spoils_only_its_row(tmp_path, capsys, reference):
     rows = _output(tmp_path / "out")
     assert [r["id"] for r in rows] == [0, 1, 2, 3]
     bad = rows[2]
-    assert bad["__inference_error__"].startswith("bad_byte.csv line 4: invalid utf-8 bytes")
+    assert bad["__inference_error__"].startswith("RowError: bad_byte.csv line 4: invalid utf-8 bytes")
     assert bad["prompt"] == "Ticket 2: caf\ufffd machine leaks." and bad["generated_text"] == ""
     good = [r for r in rows if r["id"] != 2]
     expected = reference([r["prompt"] for r in good])
@@ -132,7 +132,7 @@ def test_csv_bom_repeated_names_and_a_row_with_too_many_fields(tmp_path, capsys)
     assert list(rows[0])[:6] == ["id", "note", "note.1", "__raw_input__", "generated_text", "generated_tokens"]
     assert [r["id"] for r in rows] == [0, 0, 1, 0, 1, 0, None, 2]  # files in name order, lines in order
     assert [(r["note"], r["note.1"]) for r in rows[3:5]] == [("first", "second"), ("third", "fourth")]
-    assert rows[6]["__inference_error__"] == "wrong_field_count.csv line 3: expected 2 fields (as in the header), got 3 fields"
+    assert rows[6]["__inference_error__"] == "RowError: wrong_field_count.csv line 3: expected 2 fields (as in the header), got 3 fields"
     assert rows[6]["__raw_input__"] == "1,Ticket 1: broken,very"
 
 
@@ -241,8 +241,8 @@ def test_sigint_then_rerun_gives_every_line_exactly_once(tmp_path):
     assert len(rows) == num_lines
     errors = {i: r["__inference_error__"] for i, r in enumerate(rows) if r["__inference_error__"]}
     assert sorted(errors) == [7, 31, 57, 81, 107, 131, 157, 181]
-    assert errors[57].startswith("in.jsonl line 58: invalid JSON")
-    assert errors[81].startswith("in.jsonl line 82: invalid utf-8 bytes")
+    assert errors[57].startswith("RowError: in.jsonl line 58: invalid JSON")
+    assert errors[81].startswith("RowError: in.jsonl line 82: invalid utf-8 bytes")
     assert [r["id"] for i, r in enumerate(rows) if i not in errors or i % 50 == 31] == [
         i for i in range(200) if i % 50 != 7]  # every good line once, in input order
 
@@ -264,12 +264,12 @@ def test_a_lone_surrogate_spoils_only_its_row(tmp_path, capsys, reference):
     assert [r["id"] for r in rows] == [0, 1, 2, 3, 4]
     half, stop = rows[1], rows[3]
     assert half["__inference_error__"] == (
-        "in.jsonl line 2: field 'prompt' holds a lone surrogate \\ud83d (half of a UTF-16 pair, "
+        "RowError: in.jsonl line 2: field 'prompt' holds a lone surrogate \\ud83d (half of a UTF-16 pair, "
         "such as a cut emoji), read as U+FFFD")
     assert half["prompt"] == "broken emoji \ufffd here" and half["__raw_input__"] == lines[1]
     assert half["generated_text"] == "" and half["finish_reason"] == "error"
     assert stop["__inference_error__"].startswith(
-        "in.jsonl line 4: field 'sampling_params.stop[0]' holds a lone surrogate \\udc00")
+        "RowError: in.jsonl line 4: field 'sampling_params.stop[0]' holds a lone surrogate \\udc00")
     assert stop["sampling_params"] == {"stop": ["\ufffd"]}
     good = [rows[i] for i in (0, 2, 4)]
     assert good[1]["prompt"] == "a whole emoji \U0001f600 is fine"

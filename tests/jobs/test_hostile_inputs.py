@@ -232,7 +232,7 @@ def test_a_bad_prompt_template_field_is_an_error_row(tmp_path):
     _write_jsonl(inp, [{"text": "Hello."}])
     assert main(["run", str(inp), str(out), "--prompt-template", "{text.nope}", *ENGINE_ARGS]) == 0
     error = _read_output(out)[0]["__inference_error__"]
-    assert error == "prompt_template could not be filled: AttributeError: 'str' object has no attribute 'nope'"
+    assert error == "RowError: prompt_template could not be filled: AttributeError: 'str' object has no attribute 'nope'"
 
 
 def test_output_inside_the_input_folder_is_refused(tmp_path, capsys):

@@ -37,12 +37,12 @@ ROWS = [
     {"id": 8, "prompt": "Hello"},
 ]
 ERRORS = {
-    0: "chat template rendering took longer than 5.0 s (the per-row limit)",
-    2: "chat template rendering would build a text of 1,000,000,000 characters (the per-row limit is 16,000,000)",
-    3: "invalid sampling_params: temperature must be a finite number, got nan",
-    4: "invalid sampling_params: top_p must be a finite number, got nan",
-    5: "invalid sampling_params: temperature must be a finite number, got inf",
-    6: "structured_outputs regex too large to compile: lexer error: too many expressions constructed",
+    0: "RequestError: chat template rendering took longer than 5.0 s (the per-row limit)",
+    2: "RequestError: chat template rendering would build a text of 1,000,000,000 characters (the per-row limit is 16,000,000)",
+    3: "RowError: invalid sampling_params: temperature must be a finite number, got nan",
+    4: "RowError: invalid sampling_params: top_p must be a finite number, got nan",
+    5: "RowError: invalid sampling_params: temperature must be a finite number, got inf",
+    6: "RequestError: structured_outputs regex too large to compile: lexer error: too many expressions constructed",
 }
 
 

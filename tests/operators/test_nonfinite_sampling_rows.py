@@ -24,9 +24,9 @@ ROWS = [
     {"id": 4, "prompt": "Hello", "sampling_params": None},
 ]
 ERRORS = [
-    "invalid sampling_params: temperature must be a finite number, got nan",
-    "invalid sampling_params: top_p must be a finite number, got nan",
-    "invalid sampling_params: temperature must be a finite number, got inf",
+    "RowError: invalid sampling_params: temperature must be a finite number, got nan",
+    "RowError: invalid sampling_params: top_p must be a finite number, got nan",
+    "RowError: invalid sampling_params: temperature must be a finite number, got inf",
     None,
     None,
 ]

@@ -114,7 +114,7 @@ def test_every_batch_format_adds_the_tables_columns(operator, fmt):
     assert len(set(table.column("batch_uuid").to_pylist())) == 1
     assert table.column("request_id").to_pylist()[1] == -1 and table.column("time_taken_llm")[1].as_py() == -1.0
     assert _fields(table.schema, list(OUTPUT_COLUMNS)) == _expected()
-    assert table.column("__inference_error__").to_pylist()[1] == "empty prompt in column 'prompt'"
+    assert table.column("__inference_error__").to_pylist()[1] == "RowError: empty prompt in column 'prompt'"
     assert table.column("logprobs").to_pylist()[0][0][0]["token_id"] == table.column("generated_tokens")[0][0].as_py()
 
 
@@ -140,8 +140,8 @@ def test_datasets_map_adds_the_tables_columns_whatever_its_first_batch_holds(dem
         schema = out.features.arrow_schema
         assert schema.names == ["id", "sampling_params", *OUTPUT_COLUMNS]
         assert _fields(schema, list(OUTPUT_COLUMNS)) == _expected()
-        assert out.with_format(None)["__inference_error__"][:2] == ["empty prompt in column 'prompt'",
-                                                                    "missing prompt (column 'prompt' is null)"]
+        assert out.with_format(None)["__inference_error__"][:2] == ["RowError: empty prompt in column 'prompt'",
+                                                                    "RowError: missing prompt (column 'prompt' is null)"]
 
 
 def test_cli_parts_have_the_tables_columns(tmp_path):

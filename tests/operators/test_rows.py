@@ -40,13 +40,13 @@ def test_reader_errors_and_json_columns_reach_row_validation():
     }
     prepared = prepare_rows(columns, 5, StageConfig(max_tokens=5, json_columns=["sampling_params"]))
     assert prepared[0].error is None and prepared[0].params.max_tokens == 3  # decoded, then applied
-    assert prepared[1].error == "in.jsonl line 2: invalid JSON at column 9: Expecting value"
-    assert prepared[2].error == "sampling_params must be a dict, got str"
-    assert prepared[3].error.startswith("column 'sampling_params' should hold JSON text but holds '{not json'")
+    assert prepared[1].error == "RowError: in.jsonl line 2: invalid JSON at column 9: Expecting value"
+    assert prepared[2].error == "RowError: sampling_params must be a dict, got str"
+    assert prepared[3].error.startswith("RowError: column 'sampling_params' should hold JSON text but holds '{not json'")
     assert prepared[4].error is None and prepared[4].params.max_tokens == 5
     # A batch whose every row the reader rejected needs no prompt column.
     only_errors = prepare_rows({INPUT_ERROR_COLUMN: ["bad line"]}, 1, StageConfig())
-    assert [p.error for p in only_errors] == ["bad line"]
+    assert [p.error for p in only_errors] == ["RowError: bad line"]
     with pytest.raises(ValueError, match="json_columns must be a list of column names, got 'sampling_params'"):
         StageConfig(json_columns="sampling_params")
 
@@ -57,7 +57,7 @@ def test_each_row_reads_the_first_prompt_column_it_has():
     columns = {"prompt": ["text", None, None], "messages": [None, messages, None]}
     prepared = prepare_rows(columns, 3, StageConfig())
     assert [p.prompt for p in prepared[:2]] == ["text", messages]
-    assert prepared[2].error == "missing prompt (columns 'messages', 'prompt' are all null)"
+    assert prepared[2].error == "RowError: missing prompt (columns 'messages', 'prompt' are all null)"
 
 
 def test_without_the_chat_template_stage_rows_run_their_prompt_or_token_ids():

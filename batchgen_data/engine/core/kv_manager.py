@@ -80,8 +80,8 @@ class KVCacheManager:
 
     def computed_prefix(self, seq: Sequence) -> list[int]:
         """The cached blocks holding the longest prefix of a sequence that has no KV yet (none
-        when caching is off, or when it needs prompt logprobs at every position)."""
-        if not self.enable_caching or seq.num_computed_tokens or seq.wants_prompt_logprobs:
+        when caching is off, or when it computes its whole prompt: prompt logprobs, pooling)."""
+        if not self.enable_caching or seq.num_computed_tokens or seq.computes_whole_prompt:
             return []
         names = self.prefix_names(seq)
         found: list[int] = []

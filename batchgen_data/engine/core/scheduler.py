@@ -268,7 +268,7 @@ class Scheduler(MigrateMethods):
         if not self.kv.can_admit(seq, computed, headroom=len(self.running)):  # a page per running seq
             return False
         hit = self.kv.admit(seq, computed)
-        if self.config.enable_prefix_caching and seq.num_computed_tokens == 0 and not seq.wants_prompt_logprobs:
+        if self.config.enable_prefix_caching and seq.num_computed_tokens == 0 and not seq.computes_whole_prompt:
             seq.num_computed_tokens = hit
             self.stats.num_prefix_query_tokens += seq.num_tokens
             self.stats.num_prefix_hit_tokens += hit

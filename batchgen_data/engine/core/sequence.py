@@ -163,6 +163,15 @@ class Sequence:
         return not self.is_pooling and self.params.prompt_logprobs is not None
 
     @property
+    def computes_whole_prompt(self) -> bool:
+        """None of its prompt may come from the prefix cache: its prompt logprobs need every
+        position, and a pooled state must not depend on which prefix was cached (a cached prefix
+        changes the shapes the last position's state is computed in, and its last bits)."""
+        if self.is_pooling:
+            return self.params.skip_reading_prefix_cache is not False
+        return self.wants_prompt_logprobs
+
+    @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from batchgen_data.speculative_config import SpeculativeConfig
+from batchgen_data.config.speculative import SpeculativeConfig
 from batchgen_data.engine.spec.policy import (
     JOB_DECAY,
     PROBE_EVERY,

@@ -27,7 +27,7 @@ import numpy as np
 from batchgen_data.engine.structured.compiler import GrammarCompiler, compile_error, exceeds_limits
 from batchgen_data.engine.structured.lazy import LAZY_MIN_SHARE, LazyGrammarRows
 from batchgen_data.engine.structured.request import StructuredRequest
-from batchgen_data.errors import BatchGenError, one_line
+from batchgen_data.errors import BatchGenError, RequestError, error_text, one_line
 
 if TYPE_CHECKING:
     from batchgen_data.engine.core.sequence import Sequence
@@ -68,10 +68,10 @@ class StructuredOutputManager:
         try:
             matcher = request.future.result().new_matcher()
         except BatchGenError as err:
-            request.error = str(err)
+            request.error = error_text(err)
             return False
         except Exception as err:  # the library's own failure on this constraint: this row's fault
-            request.error = f"structured_outputs could not be compiled: {one_line(str(err))}"
+            request.error = f"{type(err).__name__}: structured_outputs could not be compiled: {one_line(str(err))}"
             return False
         for token in seq.output_token_ids:  # replay: an imported or resumed sequence
             if not matcher.consume_token(token):
@@ -197,5 +197,5 @@ def _token_error(seq: Sequence, matcher, token: int, how: str) -> str:
     lexer as tokens come: ``a{1000000}`` fails at its first token), or a token outside the grammar."""
     error = one_line(matcher.get_error())  # without the parser state and grammar dump
     if exceeds_limits(error):
-        return compile_error(seq.params.structured_outputs.kind, error)
-    return f"structured_outputs: {how} token {token} does not match the grammar ({error})"
+        return error_text(RequestError(compile_error(seq.params.structured_outputs.kind, error)))
+    return error_text(RequestError(f"structured_outputs: {how} token {token} does not match the grammar ({error})"))

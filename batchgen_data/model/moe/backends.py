@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+from batchgen_data.config.engine import EXPERT_BACKENDS
 from batchgen_data.errors import ConfigError
 from batchgen_data.model.moe.experts import SWIGLU, ExpertActivation, ExpertBackend
 from batchgen_data.model.moe.store import ExpertStore
-
-EXPERT_BACKENDS = ("native", "deepspeed")
 
 
 def make_expert_backend(name: str, store: ExpertStore, layer_id: int,

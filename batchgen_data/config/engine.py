@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from batchgen_data.speculative_config import SpeculativeConfig
+from batchgen_data.config.speculative import SpeculativeConfig
 from batchgen_data.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -22,6 +22,8 @@ RESUME_MODES = ("recompute", "swap")
 # initialized here) and Ray's placement group strategies for Ray-placed ranks.
 DISTRIBUTED_EXECUTOR_BACKENDS = (None, "mp", "ray")
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+# How routed experts run (``model/moe/backends.py``): this package's kernels, or DeepSpeed-MoE's.
+EXPERT_BACKENDS = ("native", "deepspeed")
 
 
 @dataclass(slots=True)
@@ -205,8 +207,8 @@ class EngineConfig:
         if bundle is not None and not _valid_bundle(bundle):
             raise ConfigError(f"rank_resources must map resource names to numbers >= 0, at least one > 0 "
                               f"(one rank's placement group bundle, e.g. {{'CPU': 1, 'GPU': 1}}), got {bundle!r}")
-        if self.expert_backend not in ("native", "deepspeed"):
-            raise ConfigError(f"expert_backend must be 'native' or 'deepspeed', got {self.expert_backend!r}")
+        if self.expert_backend not in EXPERT_BACKENDS:
+            raise ConfigError(f"expert_backend must be one of {EXPERT_BACKENDS}, got {self.expert_backend!r}")
 
     def resolve_device(self) -> torch.device:
         import torch
