@@ -86,3 +86,19 @@ def native():
     if module is None:
         pytest.skip("the native kernels do not build here (no C++ compiler or torch headers)")
     return module
+
+
+# The slow tier: what starts Ray, kills processes, runs notebooks and examples, builds a wheel or
+# runs a benchmark. ``pytest -m "not slow"`` is the quick loop; CI runs everything.
+_SLOW_FILES = {"test_examples.py", "test_wheel_install.py", "test_fault_tolerance.py", "test_node_failure.py",
+               "test_ray_ranks.py", "test_expert_parallel.py", "test_cli.py", "test_hostile_inputs.py",
+               "test_bad_inputs.py", "test_row_errors_cli.py"}
+_SLOW_FOLDERS = {"benchmarks", "distributed"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = Path(str(item.fspath))
+        if ("ray_cluster" in getattr(item, "fixturenames", ()) or path.name in _SLOW_FILES
+                or _SLOW_FOLDERS & set(path.relative_to(Path(__file__).parent).parts[:-1])):
+            item.add_marker(pytest.mark.slow)

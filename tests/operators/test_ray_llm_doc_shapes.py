@@ -144,13 +144,14 @@ DECLARED_MUST_BUILD = {
     # __cpu_inference_config_example__ (rst: "mp" executor, CPU-only placement group bundles)
     "cpu_inference": dict(model_source=MODEL, engine_kwargs={"distributed_executor_backend": "mp"},
                           placement_group_config={"bundles": [{"CPU": 1}]}, concurrency=1, batch_size=16),
-    # __concurrent_batches_tuning_example__ (rst: max_concurrent_batches + experimental)
+    # __concurrent_batches_tuning_example__ (rst: max_concurrent_batches + max_tasks_in_flight_per_actor,
+    # Ray 2.56+'s home of what older docs put in ``experimental``, which Ray 2.59+ refuses)
     "concurrent_batches": dict(model_source=MODEL, max_concurrent_batches=8,
-                               experimental={"max_tasks_in_flight_per_actor": 16}, concurrency=1, batch_size=32),
+                               max_tasks_in_flight_per_actor=16, concurrency=1, batch_size=32),
     # __row_level_fault_tolerance_config_example__ (rst)
     "continue_on_error": dict(model_source=MODEL, should_continue_on_error=True, concurrency=1, batch_size=32),
-    # test_backward_compat.py: the multimodal stages declared off (Ray's API has both fields)
-    "text_only_stages": dict(model_source=MODEL, prepare_image_stage=False, prepare_multimodal_stage=False),
+    # test_backward_compat.py: the multimodal stage declared off
+    "text_only_stages": dict(model_source=MODEL, prepare_multimodal_stage=False),
     # gpu test_vllm_engine_proc.py
     "max_pending_requests": dict(model_source=MODEL, max_pending_requests=111, task_type="generate",
                                  runtime_env={"env_vars": {"RANDOM_ENV_VAR": "12345"}}, concurrency=4, batch_size=64),
@@ -330,7 +331,7 @@ def test_chat_template_stage_config_class_with_custom_template(ray_cluster, demo
 
 
 # --- gpu/processor/test_vllm_engine_proc.py (older) and the embedding/classification docs:
-#     the legacy flags apply_chat_template / chat_template / tokenize / detokenize / has_image ---
+#     the legacy flags apply_chat_template / chat_template / tokenize / detokenize ---
 
 def test_legacy_flags_with_custom_chat_template(ray_cluster, demo_path):
     from batchgen_data import build_processor, vLLMEngineProcessorConfig
@@ -340,7 +341,7 @@ def test_legacy_flags_with_custom_chat_template(ray_cluster, demo_path):
         engine_kwargs=dict(enable_prefix_caching=False, enable_chunked_prefill=True, max_num_batched_tokens=2048,
                            max_model_len=2048, enforce_eager=True),
         batch_size=4, concurrency=1,
-        apply_chat_template=True, chat_template=TEMPLATE, tokenize=True, detokenize=True, has_image=False,
+        apply_chat_template=True, chat_template=TEMPLATE, tokenize=True, detokenize=True,
     )
     processor = build_processor(config, preprocess=_calculator_preprocess,
                                 postprocess=lambda row: {"resp": row["generated_text"], "id": row["id"],
@@ -390,7 +391,7 @@ def test_builder_kwargs_chat_template_kwargs(ray_cluster):
     assert all(_text(r["resp"]) for r in out)
 
 
-# --- rst "Tuning concurrent batch processing" / gpu test: experimental max_tasks_in_flight_per_actor,
+# --- rst "Tuning concurrent batch processing" / gpu test: max_tasks_in_flight_per_actor,
 #     autoscaling concurrency, preprocess/postprocess map kwargs ---
 
 def test_concurrent_batches_tuning_and_map_kwargs(ray_cluster):
@@ -398,7 +399,7 @@ def test_concurrent_batches_tuning_and_map_kwargs(ray_cluster):
 
     config = vLLMEngineProcessorConfig(model_source=MODEL, engine_kwargs={"max_model_len": 4096},
                                        concurrency=(1, 1), batch_size=2, max_concurrent_batches=4,
-                                       experimental={"max_tasks_in_flight_per_actor": 4})
+                                       max_tasks_in_flight_per_actor=4)
     processor = build_processor(
         config,
         preprocess=lambda row: dict(messages=[{"role": "user", "content": row["q"]}],
