@@ -430,4 +430,4 @@ def check_errors(rows: list[PreparedRow], results: list[RowResult], config: Stag
         return
     for row, result in zip(rows, results):
         if result.error is not None:
-            raise RowError(f"row {row.index}: {result.error}")
+            raise RowError(f"row {row.index} failed: {result.error}")

@@ -72,10 +72,14 @@ class BatchGenProcessorConfig(_RaysConfig):
     @model_validator(mode="before")
     @classmethod
     def _legacy_flags(cls, values: Any) -> Any:
-        """Ray 2.53-2.58's flat flags into stage dicts (an explicit stage config wins)."""
+        """Ray 2.53-2.58's flat flags into stage dicts (an explicit stage config wins); and
+        ``engine_kwargs`` copied, so Ray's validator, which writes ``task_type`` into it, leaves
+        the caller's dict as it was."""
         if not isinstance(values, dict):
             return values
         values = dict(values)
+        if isinstance(values.get("engine_kwargs"), dict):
+            values["engine_kwargs"] = dict(values["engine_kwargs"])
         chat = {name: values.pop(name) for name in LEGACY_CHAT_FLAGS if name in values}
         if chat and "chat_template_stage" not in values:
             logger.warning("The `apply_chat_template` and `chat_template` fields are deprecated; use "

@@ -210,8 +210,8 @@ def test_ray_workers_give_the_same_rows_bad_lines_included(tmp_path, reference):
     got = _read_output(out)
     assert len(got) == 25 and sorted(r["id"] for r in got if r["id"] is not None) == [r["id"] for r in rows]
     errors = {r["id"]: r["__inference_error__"] for r in got if r["__inference_error__"]}
-    assert errors == {None: "a.jsonl line 6: invalid JSON at column 22: Unterminated string",
-                      11: "sampling_params must be a dict, got str"}
+    assert errors == {None: "RowError: a.jsonl line 6: invalid JSON at column 22: Unterminated string",
+                      11: "RowError: sampling_params must be a dict, got str"}
     assert all(r["generated_text"] == reference[r["id"]] for r in got if r["id"] not in errors)
     ids_by_part = {p.name: [r["id"] for r in pq.read_table(p).to_pylist()] for p in out.glob("part-*")}
     assert all(ids == sorted(ids) for ids in ids_by_part.values() if None not in ids)  # input order within a part

@@ -216,11 +216,11 @@ def test_stop_strings_and_messages_with_a_lone_surrogate_are_error_rows(engine):
     out = _stage(_batch(rows, "dict"), engine)
     problem = "holds a lone surrogate {} (half of a UTF-16 pair, such as a cut emoji): text must be valid Unicode"
     assert out[ERROR_COLUMN][:5] == [
-        "column 'prompt' " + problem.format("\\ud83d"),
-        "column 'messages[0].content' " + problem.format("\\ude00"),
-        "column 'sampling_params.stop[1]' " + problem.format("\\ud83d"),
-        "column 'sampling_params.guided_decoding.choice[0]' " + problem.format("\\udfff"),
-        "column 'prompt_token_ids[1]' " + problem.format("\\ud800"),
+        "RowError: column 'prompt' " + problem.format("\\ud83d"),
+        "RowError: column 'messages[0].content' " + problem.format("\\ude00"),
+        "RowError: column 'sampling_params.stop[1]' " + problem.format("\\ud83d"),
+        "RowError: column 'sampling_params.guided_decoding.choice[0]' " + problem.format("\\udfff"),
+        "RowError: column 'prompt_token_ids[1]' " + problem.format("\\ud800"),
     ]
     assert out[ERROR_COLUMN][5] is None and out["generated_text"][5]
 

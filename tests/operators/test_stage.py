@@ -55,10 +55,10 @@ def test_an_all_error_batch_needs_no_results():
 def test_should_continue_on_error_false_raises_for_bad_rows_and_failed_requests():
     config = StageConfig(should_continue_on_error=False)
     prepared = prepare_batch({"prompt": ["fine", ""]}, config)
-    with pytest.raises(RowError, match="row 1: empty prompt"):
+    with pytest.raises(RowError, match="row 1 failed: RowError: empty prompt"):
         finish_batch(prepared, [_echo("fine")], config)
     prepared = prepare_batch({"prompt": ["fine", "too long"]}, config)
-    with pytest.raises(RowError, match="row 1: prompt too long"):
+    with pytest.raises(RowError, match="row 1 failed: prompt too long"):
         finish_batch(prepared, [_echo("fine"), RowResult.failed("prompt too long")], config)
 
 

@@ -70,3 +70,11 @@ def test_it_is_a_ray_config():
     config = vLLMEngineProcessorConfig(model_source="demo")
     assert isinstance(config, ray.data.llm.vLLMEngineProcessorConfig)
     assert isinstance(config, ray.data.llm.ProcessorConfig) and isinstance(config, pydantic.BaseModel)
+
+
+def test_the_callers_engine_kwargs_are_left_as_given():
+    """Ray's validator writes ``task_type`` into the ``engine_kwargs`` dict it is given; ours
+    validates a copy, so a dict shared with other code (an ``EngineConfig``'s fields) stays as it was."""
+    shared = {"max_num_seqs": 4}
+    config = vLLMEngineProcessorConfig(model_source="demo", engine_kwargs=shared)
+    assert shared == {"max_num_seqs": 4} and config.engine_kwargs == {"max_num_seqs": 4, "task_type": "generate"}
