@@ -93,7 +93,7 @@ class Processor:
             if stage.runs_in_engine_actor:
                 continue
             options = dict(stage.map_batches_kwargs)
-            if "num_cpus" not in options and "num_gpus" not in options:
+            if "num_cpus" not in options:
                 options["num_cpus"] = _default_cpus(_pool_max(options.get("compute")))
             dataset = dataset.map_batches(stage.fn, fn_constructor_kwargs=stage.fn_constructor_kwargs, **options)
         # as Ray's: always a postprocess (identity by default), which error rows skip

@@ -195,7 +195,7 @@ class BatchGenProcessorConfig(_RaysConfig):
             kwargs["detokenize_outputs"] = True
         rebalance = self.rebalance
         if rebalance is None:
-            rebalance = self.actor_pool().get("max_size", self.actor_pool().get("size", 1)) > 1
+            rebalance = max(self.actor_pool().values()) > 1
         kwargs["rebalance"] = rebalance
         return kwargs
 
