@@ -42,8 +42,8 @@ def _engine_for(config: StageConfig) -> Engine:
 class BatchGenMap:
     """A ``datasets.Dataset.map(batched=True)`` function adding the generated columns.
 
-    Takes the same arguments as ``BatchGenOperator`` (``json_columns`` and the sampling defaults
-    included) and produces the same output columns, under the same Arrow types
+    Takes ``StageConfig.from_kwargs``' arguments, as ``BatchGenOperator`` does (``json_columns``
+    and the sampling defaults included) and produces the same output columns, under the same Arrow types
     (``columns.py``). ``Dataset.map`` gets each batch back as an Arrow table, the input columns
     (but ``__input_error__``) followed by the output columns: typed columns are what keep a
     first batch of error rows, or of rows without logprobs, from giving a column the null type
@@ -54,15 +54,8 @@ class BatchGenMap:
     reason in ``__input_error__`` becomes an error row with that message.
     """
 
-    def __init__(self, model: str = "demo", engine_config=None, prompt_column=None,
-                 prompt_template=None, should_continue_on_error: bool = True, json_columns=None,
-                 chat_template: str | None = None, chat_template_kwargs: dict | None = None,
-                 **sampling_defaults):
-        self.config = StageConfig(model=model, engine_config=engine_config,
-                                  prompt_column=prompt_column, prompt_template=prompt_template,
-                                  should_continue_on_error=should_continue_on_error,
-                                  json_columns=json_columns, chat_template=chat_template,
-                                  chat_template_kwargs=chat_template_kwargs, **sampling_defaults)
+    def __init__(self, model: str = "demo", **config):
+        self.config = StageConfig.from_kwargs(model=model, **config)
 
     def __call__(self, batch: dict) -> dict:
         prepared = prepare_batch(batch, self.config)

@@ -35,11 +35,6 @@ class BatchGenOperator:
 
     Args:
         model (str, default "demo"): ``"demo"`` or a local checkpoint folder.
-        engine_config (EngineConfig | dict | None): engine settings.
-        prompt_column (str | None): column to read prompts from (default: ``prompt``,
-            ``messages`` or ``prompt_token_ids``, whichever the batch has).
-        prompt_template (str | None): build prompts with ``prompt_template.format(**row)``.
-        should_continue_on_error (bool, default True): bad rows become error rows; False raises.
         rebalance (bool | None, default None): share work with the stage's other actors through
             a coordinator's pool: unstarted rows go to whichever actor has room, longest first;
             at the tail, running sequences move to actors with empty slots (PARTITION and
@@ -48,18 +43,15 @@ class BatchGenOperator:
             other than "generate" (pooling rows are prefill-only: no tail to even out).
         lease_timeout_s (float, default 15): how long a silent actor keeps leased rows before
             they go back to the pool.
-        json_columns (list[str] | None, default None): columns holding JSON text, decoded before
-            each row is validated (see ``StageConfig``).
-        chat_template (str | None), chat_template_kwargs (dict | None): how ``messages`` rows
-            are rendered: a template replacing the tokenizer's, and arguments passed to it
-            (``{"enable_thinking": False}`` for Qwen3).
         stats_dir (str | None, default None): benchmark instrumentation: after every batch,
             write this actor's engine timeline and counters to ``stats_dir/actor-<pid>.json``.
-        **sampling_defaults: ``max_tokens`` (default 16), ``temperature`` (default 0, greedy),
-            ``top_p``, ``top_k``, ``seed``, ``stop``, ``stop_token_ids``, ``ignore_eos``,
-            ``skip_special_tokens``, ``structured_outputs`` for rows without
-            ``sampling_params`` (see ``StageConfig``); a row's ``sampling_params`` may carry
-            ``structured_outputs`` or Ray Data LLM's ``guided_decoding``.
+        **config: ``StageConfig``'s fields (``engine_config``, ``prompt_column``,
+            ``prompt_template``, ``should_continue_on_error``, ``json_columns``, ``chat_template``,
+            ``task_type``, ``sampling_params``, ...: documented there), and ``SamplingParams`` names as flat keywords
+            (``max_tokens=64``: ``StageConfig.from_kwargs``): the params of rows without their own
+            ``sampling_params`` (``max_tokens`` 16, ``temperature`` 0 (greedy), the rest vLLM's
+            defaults); a row's ``sampling_params`` may carry ``structured_outputs`` or Ray Data
+            LLM's ``guided_decoding``.
 
     Output columns: those of ``OUTPUT_TABLE`` (``columns.py``), as Ray Data LLM's vLLM stage
     writes them: ``generated_text``, ``generated_tokens``, token counts, the rendered ``prompt``
@@ -77,16 +69,9 @@ class BatchGenOperator:
     not passed through).
     """
 
-    def __init__(self, model: str = "demo", engine_config=None, prompt_column=None,
-                 prompt_template=None, should_continue_on_error: bool = True,
-                 rebalance: bool | None = None, lease_timeout_s: float = 15.0,
-                 stats_dir: str | None = None, json_columns=None, chat_template: str | None = None,
-                 chat_template_kwargs: dict | None = None, **sampling_defaults):
-        self.config = StageConfig(model=model, engine_config=engine_config,
-                                  prompt_column=prompt_column, prompt_template=prompt_template,
-                                  should_continue_on_error=should_continue_on_error,
-                                  json_columns=json_columns, chat_template=chat_template,
-                                  chat_template_kwargs=chat_template_kwargs, **sampling_defaults)
+    def __init__(self, model: str = "demo", *, rebalance: bool | None = None, lease_timeout_s: float = 15.0,
+                 stats_dir: str | None = None, **config):
+        self.config = StageConfig.from_kwargs(model=model, **config)
         if rebalance is None:  # on inside a Ray actor (several actors share a pool), off elsewhere
             rebalance = in_ray_actor()
         # Rebalancing evens out generation tails; a pooling row (embed, classify) is one prefill.
@@ -96,7 +81,7 @@ class BatchGenOperator:
             from batchgen_data.operators.pool_membership import join_stage
 
             membership = join_stage()
-        self.engine = AsyncEngine(Engine(model, self.config.engine_config))
+        self.engine = AsyncEngine(Engine(self.config.model, self.config.engine_config))
         self.stats_dir = stats_dir
         if stats_dir is not None:
             self.engine.engine.config.collect_timeline = True

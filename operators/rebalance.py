@@ -263,7 +263,7 @@ class RebalanceClient:
         seqs = self.probe.snapshot.progress.seqs
         engine = self.engine.engine
         slots = engine.max_running_seqs - self._num_taken(len(seqs))
-        claimed = max(sum(s.num_tokens + s.max_tokens - s.num_generated for s in seqs), self._local_kv_tokens)
+        claimed = max(sum(s.num_tokens + s.num_tokens_left for s in seqs), self._local_kv_tokens)
         return EngineRoom(max(0, slots), max(0, engine.kv_capacity_tokens - claimed))
 
     def _num_taken(self, num_seqs: int) -> int:
@@ -425,7 +425,7 @@ class RebalanceClient:
             self._compute = engine_compute(self.engine.engine.config)
         # Rows it runs outside the pool are its engine's unmovable sequences (pooled ones are
         # movable unless their item says otherwise: few), and those the snapshot does not show yet.
-        local = [s.max_tokens - s.num_generated + 1 for s in progress.seqs if not s.movable]
+        local = [s.num_tokens_left + 1 for s in progress.seqs if not s.movable]
         unseen = max(0, self._local_rows - len(local))
         local_tokens = sum(local) + unseen * self._local_output_tokens // max(1, self._local_rows)
         return WorkerProgress(
@@ -449,7 +449,7 @@ class RebalanceClient:
         lead = 1 + math.ceil(self._call_s / step_s) if step_s > 0 else 1
         soon, wake_s = 0, _MAX_HOLD_S
         for seq in seqs:
-            left = seq.max_tokens - seq.num_generated + (0 if seq.started else 1)
+            left = seq.num_tokens_left + (0 if seq.started else 1)
             if seq.started and left <= lead:
                 soon += 1
             else:

@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import math
 import typing
-from dataclasses import asdict, dataclass, is_dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from batchgen_data.config import EngineConfig
 from batchgen_data.config.tasks import POOLING_TASKS, TASK_TYPES
 from batchgen_data.engine.pooling_params import PoolingParams
-from batchgen_data.engine.sampling_params import SamplingParams, normalize_structured_outputs
+from batchgen_data.engine.sampling_params import GUIDED_DECODING_ALIAS, SamplingParams, normalize_structured_outputs
 from batchgen_data.engine.structured.params import StructuredOutputsParams
 from batchgen_data.engine.tokenizer import ChatPrompt, check_messages
 from batchgen_data.operators.columns import RowResult
@@ -40,14 +40,13 @@ INPUT_ERROR_COLUMN = "__input_error__"
 # The stages' sampling defaults: vLLM's (``SamplingParams``), except that a batch job samples
 # greedily unless told otherwise, so rerunning it gives the same outputs.
 STAGE_SAMPLING_DEFAULTS = {**SamplingParams.defaults(), "temperature": 0.0}
-SAMPLING_FIELDS = tuple(STAGE_SAMPLING_DEFAULTS)
 # StageConfig fields holding text for the engine (a lone surrogate in one is a config error).
-_TEXT_FIELDS = ("prompt_template", "stop", "structured_outputs", "chat_template", "chat_template_kwargs")
+_TEXT_FIELDS = ("prompt_template", "chat_template", "chat_template_kwargs")
 # Fields that hold ints (pandas hands nullable ints inside structs over as floats).
 _INT_FIELDS = frozenset(
     name
     for name, hint in typing.get_type_hints(SamplingParams).items()
-    if name in SAMPLING_FIELDS and (hint is int or int in typing.get_args(hint))
+    if name in STAGE_SAMPLING_DEFAULTS and (hint is int or int in typing.get_args(hint))
 )
 
 
@@ -65,17 +64,17 @@ class StageConfig:
             ``prompt_template.format(**row)`` (``{column}`` placeholders) instead.
         should_continue_on_error (bool, default True): a bad row becomes an error row; False
             raises instead.
-        max_tokens, temperature, top_p, top_k, seed, stop, stop_token_ids, ignore_eos,
-            skip_special_tokens, logprobs, prompt_logprobs, structured_outputs, presence_penalty,
-            frequency_penalty, repetition_penalty, min_p, min_tokens, logit_bias,
-            allowed_token_ids, bad_words: defaults for rows
-            without their own ``sampling_params``, with vLLM's names and defaults
-            (``max_tokens`` 16, ``top_p`` 1.0, ...) except ``temperature``, 0 (greedy) here; see
-            ``STAGE_SAMPLING_DEFAULTS``.
+        sampling_params (SamplingParams | dict | None, default None): the sampling params of rows
+            without their own ``sampling_params``. A dict (vLLM's names) or None starts from
+            ``STAGE_SAMPLING_DEFAULTS``: vLLM's defaults (``max_tokens`` 16, ``top_p`` 1.0, ...)
+            except ``temperature``, 0 (greedy) here; a ``SamplingParams`` is taken as it is.
+            Held as a ``SamplingParams`` (built and checked once, here).
             A ``structured_outputs`` JSON schema for an object also adds the typed
             ``generated_json`` column (see ``json_column.py``), and its grammar then allows only
             values the column holds (``json_column.bound_to_column``: integers within int64);
             a row's own ``structured_outputs`` or ``guided_decoding`` replaces the default.
+            ``StageConfig.from_kwargs`` takes these as flat keywords (``max_tokens=64``), as the
+            stages' constructors do.
         chat_template (str | None, default None): a Jinja chat template replacing the
             tokenizer's, for ``messages`` rows.
         chat_template_kwargs (dict | None, default None): passed to the chat template of
@@ -98,8 +97,8 @@ class StageConfig:
             and the sampling fields are not used).
 
     Example:
-        >>> StageConfig(model="demo", max_tokens=64, json_columns=["sampling_params"]).json_columns
-        ['sampling_params']
+        >>> StageConfig.from_kwargs(model="demo", max_tokens=64).sampling_params.max_tokens
+        64
     """
 
     model: str = "demo"
@@ -107,30 +106,7 @@ class StageConfig:
     prompt_column: str | None = None
     prompt_template: str | None = None
     should_continue_on_error: bool = True
-    max_tokens: int = STAGE_SAMPLING_DEFAULTS["max_tokens"]
-    temperature: float = STAGE_SAMPLING_DEFAULTS["temperature"]
-    top_p: float = STAGE_SAMPLING_DEFAULTS["top_p"]
-    top_k: int = STAGE_SAMPLING_DEFAULTS["top_k"]
-    seed: int | None = STAGE_SAMPLING_DEFAULTS["seed"]
-    stop: list[str] | str | None = STAGE_SAMPLING_DEFAULTS["stop"]
-    stop_token_ids: list[int] | None = STAGE_SAMPLING_DEFAULTS["stop_token_ids"]
-    ignore_eos: bool = STAGE_SAMPLING_DEFAULTS["ignore_eos"]
-    skip_special_tokens: bool = STAGE_SAMPLING_DEFAULTS["skip_special_tokens"]
-    spaces_between_special_tokens: bool = STAGE_SAMPLING_DEFAULTS["spaces_between_special_tokens"]
-    include_stop_str_in_output: bool = STAGE_SAMPLING_DEFAULTS["include_stop_str_in_output"]
-    detokenize: bool = STAGE_SAMPLING_DEFAULTS["detokenize"]
-    truncate_prompt_tokens: int | None = STAGE_SAMPLING_DEFAULTS["truncate_prompt_tokens"]
-    logprobs: int | None = STAGE_SAMPLING_DEFAULTS["logprobs"]
-    prompt_logprobs: int | None = STAGE_SAMPLING_DEFAULTS["prompt_logprobs"]
-    structured_outputs: StructuredOutputsParams | dict | None = STAGE_SAMPLING_DEFAULTS["structured_outputs"]
-    presence_penalty: float = STAGE_SAMPLING_DEFAULTS["presence_penalty"]
-    frequency_penalty: float = STAGE_SAMPLING_DEFAULTS["frequency_penalty"]
-    repetition_penalty: float = STAGE_SAMPLING_DEFAULTS["repetition_penalty"]
-    min_p: float = STAGE_SAMPLING_DEFAULTS["min_p"]
-    min_tokens: int = STAGE_SAMPLING_DEFAULTS["min_tokens"]
-    logit_bias: dict[int, float] | None = STAGE_SAMPLING_DEFAULTS["logit_bias"]
-    allowed_token_ids: list[int] | None = STAGE_SAMPLING_DEFAULTS["allowed_token_ids"]
-    bad_words: list[str] | None = STAGE_SAMPLING_DEFAULTS["bad_words"]
+    sampling_params: SamplingParams | dict | None = None
     chat_template: str | None = None
     chat_template_kwargs: dict | None = None
     json_columns: list[str] | None = None
@@ -151,20 +127,56 @@ class StageConfig:
         if self.chat_template_kwargs is not None and not isinstance(self.chat_template_kwargs, dict):
             raise ConfigError(f"chat_template_kwargs must be a dict, got {self.chat_template_kwargs!r}")
         for name in _TEXT_FIELDS:
-            value = getattr(self, name)
-            found = find_lone_surrogate(asdict(value) if is_dataclass(value) else value)
+            found = find_lone_surrogate(getattr(self, name))
             if found is not None:
                 raise ConfigError(f"{found.describe(name)}: text must be valid Unicode")
-        self.default_params()  # validate defaults eagerly: a bad default is a config error
-        if self.structured_outputs is not None:
-            constraint = StructuredOutputsParams.from_value(self.structured_outputs)
-            if constraint.object_schema is not None:  # a typed generated_json column: its grammar allows what it holds
-                self.structured_outputs = replace(constraint, json=bound_to_column(constraint.object_schema))
+        self.sampling_params = _stage_params(self.sampling_params, self.detokenize_outputs)
         if self.task_type not in TASK_TYPES:
             raise ConfigError(f"task_type must be one of {list(TASK_TYPES)}, got {self.task_type!r}")
 
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> StageConfig:
+        """A config from flat keywords: ``SamplingParams`` names (``max_tokens=64``) go into
+        ``sampling_params`` (over a ``sampling_params`` given too), the rest are this class's
+        fields; an unknown name is a ``ConfigError``."""
+        sampling_names = SamplingParams.defaults().keys() | {GUIDED_DECODING_ALIAS}
+        sampling = {k: kwargs.pop(k) for k in list(kwargs) if k in sampling_names}
+        unknown = sorted(set(kwargs) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ConfigError(f"unknown stage option(s) {unknown}; options are StageConfig's fields "
+                              f"and SamplingParams' names")
+        if sampling:
+            base = kwargs.get("sampling_params")
+            base = base.to_dict() if isinstance(base, SamplingParams) else dict(base or {})
+            kwargs["sampling_params"] = {**base, **sampling}
+        return cls(**kwargs)
+
     def default_params(self) -> SamplingParams:
-        return SamplingParams(**{name: getattr(self, name) for name in SAMPLING_FIELDS})
+        """The params of a row without its own ``sampling_params``."""
+        return self.sampling_params
+
+
+def _stage_params(value: SamplingParams | dict | None, detokenize_outputs: bool) -> SamplingParams:
+    """A stage's default params, built once: over ``STAGE_SAMPLING_DEFAULTS`` for a dict; with a
+    JSON-object constraint bound to the ``generated_json`` column's types; ``detokenize`` on
+    when every row's text is asked for."""
+    if value is not None and not isinstance(value, (SamplingParams, dict)):
+        raise ConfigError(f"sampling_params must be a SamplingParams, a dict or None, got {type(value).__name__}")
+    found = find_lone_surrogate(value.to_dict() if isinstance(value, SamplingParams) else value)
+    if found is not None:
+        raise ConfigError(f"{found.describe()}: text must be valid Unicode")
+    values = value.to_dict() if isinstance(value, SamplingParams) else {**STAGE_SAMPLING_DEFAULTS,
+                                                                        **normalize_structured_outputs(value or {})}
+    constraint = values.get("structured_outputs")
+    if constraint is not None:
+        constraint = StructuredOutputsParams.from_value(constraint)
+        if constraint.object_schema is not None:  # a typed generated_json column: its grammar allows what it holds
+            values["structured_outputs"] = replace(constraint, json=bound_to_column(constraint.object_schema))
+    if detokenize_outputs:
+        values["detokenize"] = True
+    if isinstance(value, SamplingParams) and values == value.to_dict():
+        return value
+    return SamplingParams.from_dict(values)
 
 
 @dataclass(slots=True)
@@ -317,9 +329,8 @@ def _read_prompt(value: Any, column: str, config: StageConfig) -> Any:
 
 def _row_params(value: Any, defaults: SamplingParams, detokenize_outputs: bool = False) -> SamplingParams:
     value = _to_python(value)
-    if _is_null(value):  # absent; pandas shows a missing struct as NaN
-        return defaults if defaults.detokenize or not detokenize_outputs else SamplingParams.from_dict(
-            {**defaults.to_dict(), "detokenize": True})
+    if _is_null(value):  # absent; pandas shows a missing struct as NaN: the stage's own (checked once)
+        return defaults
     if not isinstance(value, dict):
         raise RowError(f"sampling_params must be a dict, got {type(value).__name__}")
     _check_text(value, SAMPLING_PARAMS_COLUMN)
@@ -354,7 +365,9 @@ def _row_pooling_params(value: Any, task: str) -> PoolingParams:
         # Arrow structs give every key (null where a row did not set it): null means "default".
         own = {k: int(v) if isinstance(v, float) and v.is_integer() else v  # pandas: nullable ints as floats
                for k, v in value.items() if not _is_null(v)}
-        return PoolingParams.from_dict(own).for_task(task)
+        if own.get("task", task) != task:
+            raise ConfigError(f"pooling_params task {own['task']!r} cannot run in a {task!r} stage")
+        return PoolingParams.from_dict({**own, "task": task})  # built (and verified) once
     except ConfigError as err:
         raise RowError(f"invalid pooling_params: {err}") from None
 

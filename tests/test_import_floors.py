@@ -25,7 +25,6 @@ FLOORS = {
     "operators": 4,
     "jobs": 5,
     "processor": 5,  # Ray Data LLM's processor API over the operator
-    "processor_stages": 5,  # its stages as Ray names them (the engine stage is the operator)
 }
 
 

@@ -16,13 +16,13 @@ built: Ray's docs declare configs beside the one they run, and declaring one mus
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from typing import Any
 
 from pydantic import field_validator, model_validator
 from ray.data.llm import vLLMEngineProcessorConfig as _RaysConfig
 
-from batchgen_data.config.engine_args import engine_config_fields, to_engine_config
+from batchgen_data.config.engine import EngineConfig
+from batchgen_data.config.engine_args import engine_config_fields
 from batchgen_data.config.ray_stages import STAGE_FIELDS, resolve_stage
 from batchgen_data.config.tasks import TASK_TYPES
 from batchgen_data.errors import ConfigError
@@ -132,12 +132,12 @@ class BatchGenProcessorConfig(_RaysConfig):
         """``engine_kwargs`` less ``task_type`` (Ray copies the config's there; the config's wins)."""
         return {k: v for k, v in self.engine_kwargs.items() if k != "task_type"}
 
-    def check(self) -> None:
+    def check(self) -> dict:
         """What ``build_processor`` refuses (``ConfigError``): engine_kwargs, and the fields this
-        engine cannot honour."""
+        engine cannot honour. Returns ``engine_fields()``, mapped once for the build."""
         if self.task_type not in TASK_TYPES:
             raise ConfigError(f"task_type={self.task_type!r} is not supported here; use one of {TASK_TYPES}")
-        to_engine_config(self.engine_kwargs_here(), self.model_source)
+        fields = self.engine_fields()
         for name in STAGE_FIELDS:
             self.stage(name)  # a bad stage config fails here (ValidationError, TypeError)
         if self.stage("prepare_multimodal_stage").enabled:
@@ -146,16 +146,27 @@ class BatchGenProcessorConfig(_RaysConfig):
         if self.dynamic_lora_loading_path is not None:
             raise ConfigError("dynamic_lora_loading_path: LoRA adapters are not supported here; merge the adapter "
                               "into the checkpoint and give that folder as model_source")
-        self.rank_placement()
+        return fields
 
-    def rank_placement(self) -> dict:
+    def engine_fields(self) -> dict:
+        """The ``EngineConfig`` fields this config sets: ``engine_kwargs`` mapped (vLLM's names,
+        ``engine_args.py``) and ``placement_group_config``'s (``rank_placement``), checked by
+        building the ``EngineConfig`` once (``ConfigError``)."""
+        fields = engine_config_fields(self.engine_kwargs_here(), self.model_source)
+        fields.update(self.rank_placement(fields.get("expert_parallel_size", 1)))
+        EngineConfig(**fields)  # a value, strategy or bundle EngineConfig refuses fails when the processor is built
+        return fields
+
+    def rank_placement(self, expert_parallel_size: int | None = None) -> dict:
         """The ``EngineConfig`` fields ``placement_group_config`` sets for expert-parallel ranks
         (``rank_resources``, ``placement_strategy``): with ``expert_parallel_size`` N > 1 its
         bundles are the ranks' (N equal bundles, one bundle, or ``bundle_per_worker``); with one
-        rank, one bundle is the engine actor's. Anything else is a ``ConfigError``."""
+        rank, one bundle is the engine actor's. Anything else is a ``ConfigError``.
+        ``expert_parallel_size`` None reads it from ``engine_kwargs``."""
         group = self.placement_group_config or {}
-        config = to_engine_config(self.engine_kwargs_here(), self.model_source)
-        ranks = config.expert_parallel_size
+        ranks = expert_parallel_size
+        if ranks is None:
+            ranks = engine_config_fields(self.engine_kwargs_here(), self.model_source).get("expert_parallel_size", 1)
         bundles = group.get("bundles")
         if group.get("bundle_per_worker") is not None:
             bundles = [group["bundle_per_worker"]]
@@ -171,17 +182,16 @@ class BatchGenProcessorConfig(_RaysConfig):
             fields["rank_resources"] = dict(bundles[0])
         if group.get("strategy") is not None:
             fields["placement_strategy"] = group["strategy"]
-        replace(config, **fields)  # a strategy or bundle EngineConfig refuses fails when the processor is built
         return fields
 
-    def operator_kwargs(self, chat_template_kwargs: dict | None = None) -> dict:
+    def operator_kwargs(self, chat_template_kwargs: dict | None = None, engine_fields: dict | None = None) -> dict:
         """``BatchGenOperator`` constructor arguments for this config (``chat_template_kwargs``:
-        ``build_processor``'s ``builder_kwargs`` fallback, as in Ray)."""
+        ``build_processor``'s ``builder_kwargs`` fallback, as in Ray; ``engine_fields``: what
+        ``check()`` returned, else mapped here)."""
         chat = self.stage("chat_template_stage")
         kwargs: dict[str, Any] = {
             "model": chat.model_source or self.model_source,
-            "engine_config": {**engine_config_fields(self.engine_kwargs_here(), self.model_source),
-                              **self.rank_placement()},
+            "engine_config": dict(self.engine_fields() if engine_fields is None else engine_fields),
             "should_continue_on_error": self.should_continue_on_error,
             "chat_template": chat.chat_template,
             "chat_template_kwargs": chat.chat_template_kwargs if chat.chat_template_kwargs is not None

@@ -1,8 +1,8 @@
 """The public entry point: ``Engine(model).generate(prompts, sampling_params)``, and
 ``embed`` / ``classify`` (vLLM's ``LLM`` names) for prefill-only pooling requests.
 
-The engine does request bookkeeping once — ids, seeds, tokenizing, validation, request handles,
-outputs, stats and the timeline — and hands each valid request to its executor as a
+The engine does request bookkeeping once — ids, seeds, request handles, outputs, stats and the
+timeline; its ``InputProcessor`` validates and tokenizes each request, once — and hands each valid request to its executor as a
 ``NewRequest``, which runs it: in this process (``InProcessExecutor``) or over expert-parallel
 rank processes (``ExpertParallelExecutor``, when ``EngineConfig.expert_parallel_size > 1``).
 
@@ -23,7 +23,6 @@ from collections.abc import Iterator
 from collections.abc import Sequence as SequenceABC
 
 from batchgen_data.config import EngineConfig
-from batchgen_data.engine.core.kv_manager import blocks_for
 from batchgen_data.engine.executor.base import Executor
 from batchgen_data.engine.executor.expert_parallel import ExpertParallelExecutor
 from batchgen_data.engine.executor.in_process import InProcessExecutor, resolve_max_model_len
@@ -34,13 +33,14 @@ from batchgen_data.engine.output_builder import OutputBuilder
 from batchgen_data.engine.outputs import GenerationOutput
 from batchgen_data.engine.pooling_params import PoolingParams
 from batchgen_data.engine.request_handle import RequestHandle
-from batchgen_data.engine.requests import num_reserved_tokens, pair_requests, resolve_token_params, truncate_prompt
+from batchgen_data.engine.input_processor import InputProcessor
+from batchgen_data.engine.requests import pair_requests
 from batchgen_data.engine.sampling_params import SamplingParams
 from batchgen_data.engine.stats import EngineStats
 from batchgen_data.engine.step_report import StepReport
 from batchgen_data.engine.timeline import StepTimeline
 from batchgen_data.engine.tokenizer import ChatPrompt, PromptTokenizer
-from batchgen_data.errors import BatchGenError, ConfigError, RequestError, error_text
+from batchgen_data.errors import BatchGenError, ConfigError, error_text
 from batchgen_data.model import ModelConfig
 from batchgen_data.model.resolve import resolve_model
 
@@ -73,6 +73,8 @@ class Engine:
         self._start = time.perf_counter()
         self.start_wall = time.time()  # wall clock at engine start: aligns timelines across processes
         self.executor: Executor = self._make_executor(model_config)
+        self.input_processor = InputProcessor(self.tokenizer, model_config, self.max_model_len,
+                                              self.executor.block_size, self.executor.num_kv_blocks)
         self._rng = random.Random(self.config.seed)
         self._next_id = 0
         self._num_finished = 0
@@ -106,13 +108,7 @@ class Engine:
         seed = params.seed if isinstance(getattr(params, "seed", None), int) else self._rng.getrandbits(63)
         request = NewRequest(request_id, [], params, seed, arrival_s=now)
         try:
-            if not isinstance(params, (SamplingParams, PoolingParams)):
-                raise ConfigError(f"params must be a SamplingParams or a PoolingParams, got {type(params).__name__}")
-            params.verify()
-            self._check_task(params)
-            request.prompt_token_ids = truncate_prompt(self.tokenizer.encode(prompt), params, self.max_model_len)
-            request.params = resolve_token_params(params, self.tokenizer)  # bad_words as token ids, ...
-            self._check_fits(request)
+            self.input_processor.process(prompt, request)
         except BatchGenError as err:  # never reaches an executor
             handle = self._new_handle(request, RequestProgress(
                 request_id, SequenceStatus.WAITING, 0, 0, len(request.prompt_token_ids)))
@@ -130,29 +126,6 @@ class Engine:
     def _new_request_id(self) -> int:
         request_id, self._next_id = self._next_id, self._next_id + 1
         return request_id
-
-    def _check_task(self, params: SamplingParams | PoolingParams) -> None:
-        """The checkpoint runs the request's task: a pooling one (``PoolingParams.check_model``),
-        or generation, which a sequence classifier (no LM head) cannot do."""
-        if isinstance(params, PoolingParams):
-            params.check_model(self.model_config)
-        elif self.model_config.num_labels:
-            raise RequestError("this checkpoint is a sequence classifier (*ForSequenceClassification, no LM "
-                               "head): it runs classify (Engine.classify, task_type='classify'), not generation")
-
-    def _check_fits(self, request: NewRequest) -> None:
-        prompt_len = len(request.prompt_token_ids)
-        reserved = num_reserved_tokens(request.params)  # a generated token's slot; none to pool
-        if prompt_len + reserved > self.max_model_len:
-            what = " (prompt plus at least one generated token)" if reserved else ""
-            raise RequestError(f"prompt has {prompt_len} tokens; the context limit is {self.max_model_len}{what}")
-        worst = min(prompt_len + request.params.max_tokens, self.max_model_len)
-        block_size, num_blocks = self.executor.block_size, self.executor.num_kv_blocks
-        if blocks_for(worst, block_size) > num_blocks:
-            raise RequestError(
-                f"request needs up to {worst} tokens of KV cache but the whole KV budget holds "
-                f"{num_blocks * block_size} tokens; raise kv_cache_memory_bytes or lower max_tokens"
-            )
 
     def has_unfinished_requests(self) -> bool:
         return self.executor.num_unfinished > 0
@@ -275,7 +248,7 @@ class Engine:
         for p in params:
             if p is not None and not isinstance(p, PoolingParams):
                 raise ConfigError(f"pooling_params must be PoolingParams, got {type(p).__name__}")
-        return self.generate(prompts, [(p or PoolingParams()).for_task(task) for p in params])
+        return self.generate(prompts, [PoolingParams(task=task) if p is None else p.for_task(task) for p in params])
 
     def chat(self, messages: list, sampling_params=None, chat_template: str | None = None,
              chat_template_kwargs: dict | None = None) -> list[GenerationOutput]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from batchgen_data.config.tasks import POOLING_TASKS
+from batchgen_data.engine.validated import ValidatedOnAssignment
 from batchgen_data.errors import ConfigError, RequestError
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ _TASK_FIELDS = {"embed": ("dimensions", "normalize"), "classify": ("use_activati
 
 
 @dataclass(slots=True)
-class PoolingParams:
+class PoolingParams(ValidatedOnAssignment):
     """How to pool one request's prompt; names and defaults follow ``vllm.PoolingParams``.
 
     Args:
@@ -57,9 +58,12 @@ class PoolingParams:
     use_activation: bool | None = None
     truncate_prompt_tokens: int | None = None
     skip_reading_prefix_cache: bool | None = None
+    # True once built: a field set later is checked as it is set (``validated.py``).
+    _checked: bool = dataclasses.field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.verify()
+        self._checked = True
 
     def verify(self) -> None:
         """Raise ``ConfigError`` naming the first invalid field and its valid range; with a
@@ -97,6 +101,8 @@ class PoolingParams:
         error, as in vLLM."""
         if self.task is not None and self.task != task:
             raise ConfigError(f"PoolingParams(task={self.task!r}) cannot run as task {task!r}")
+        if self.task == task:  # built for it: its defaults are filled in already
+            return self
         return dataclasses.replace(self, task=task)
 
     def check_model(self, model: ModelConfig) -> None:
@@ -121,13 +127,13 @@ class PoolingParams:
 
     def to_dict(self) -> dict:
         """The fields as plain data (what ``from_dict`` takes back)."""
-        return dataclasses.asdict(self)
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
 
     @classmethod
     def from_dict(cls, values: dict) -> PoolingParams:
         """Build from a dict with vLLM's names (Ray Data LLM's ``pooling_params`` column);
         unknown keys are an error, None means the default."""
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = {f.name for f in dataclasses.fields(cls) if f.init}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(f"unknown pooling parameter(s) {unknown}; known: {sorted(known)}")

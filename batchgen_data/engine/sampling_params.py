@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from batchgen_data.engine.structured.params import StructuredOutputsParams
+from batchgen_data.engine.validated import ValidatedOnAssignment
 from batchgen_data.errors import ConfigError
 
 # Most top tokens a request may ask for per position (vLLM's default max_logprobs).
@@ -27,7 +28,7 @@ FLOAT32_MAX = 3.4028234663852886e38
 
 
 @dataclass(slots=True)
-class SamplingParams:
+class SamplingParams(ValidatedOnAssignment):
     """How to sample one request's output; names and defaults follow ``vllm.SamplingParams``.
 
     Args:
@@ -121,9 +122,12 @@ class SamplingParams:
     _bad_words_token_ids: tuple[tuple[int, ...], ...] | None = field(default=None, init=False, repr=False,
                                                                      compare=False)
     _all_stop_token_ids: frozenset[int] | None = field(default=None, init=False, repr=False, compare=False)
+    # True once built: a field set later is checked as it is set (``validated.py``).
+    _checked: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.verify()
+        self._checked = True
 
     def verify(self) -> None:
         """Raise ``ConfigError`` naming the first invalid field and its valid range."""

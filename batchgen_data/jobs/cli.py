@@ -28,11 +28,21 @@ import sys
 import threading
 from pathlib import Path
 
-from batchgen_data.config import EXPERT_BACKENDS, PLACEMENT_STRATEGIES
+from dataclasses import fields
+
+from batchgen_data.config import EXPERT_BACKENDS, PLACEMENT_STRATEGIES, EngineConfig
 from batchgen_data.config.tasks import TASK_TYPES
 from batchgen_data.errors import BatchGenError, ConfigError
 from batchgen_data.jobs.sizes import parse_byte_size
-from batchgen_data.operators.rows import STAGE_SAMPLING_DEFAULTS
+from batchgen_data.operators.rows import STAGE_SAMPLING_DEFAULTS, StageConfig
+
+# The flags' defaults are the dataclasses' own: a default changed there changes here.
+_ENGINE_DEFAULTS = {f.name: f.default for f in fields(EngineConfig)}
+_STAGE_DEFAULTS = {f.name: f.default for f in fields(StageConfig)}
+# The sampling flags (each a ``SamplingParams`` field of that name) that make up the job's
+# default ``sampling_params``; ``--json-schema`` / ``--choice`` / ... add ``structured_outputs``.
+_SAMPLING_FLAGS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos",
+                   "logprobs", "prompt_logprobs")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,11 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("input", type=Path, help="a .parquet/.jsonl/.csv file or a folder of them")
     run.add_argument("output", type=Path,
                      help="output folder (reused to resume an interrupted job)")
-    run.add_argument("--model", default="demo",
+    run.add_argument("--model", default=_STAGE_DEFAULTS["model"],
                      help="'demo' (default) or a local checkpoint folder")
     run.add_argument("--prompt-column", default=None,
                      help="column holding prompts (default: prompt, messages or prompt_token_ids)")
-    run.add_argument("--task", choices=TASK_TYPES, default="generate",
+    run.add_argument("--task", choices=TASK_TYPES, default=_STAGE_DEFAULTS["task_type"],
                      help="generate text (default), or embed / classify each row prefill-only into "
                           "the embeddings column (Ray Data LLM's task_type)")
     run.add_argument("--prompt-template", default=None,
@@ -107,21 +117,23 @@ def build_parser() -> argparse.ArgumentParser:
     structured.add_argument("--disable-any-whitespace", action="store_true",
                             help="JSON without whitespace between tokens (shorter; small models)")
     engine = run.add_argument_group("engine")
-    engine.add_argument("--device", default="auto")
-    engine.add_argument("--dtype", default="auto")
-    engine.add_argument("--max-num-seqs", type=int, default=256)
-    engine.add_argument("--kv-cache-memory-bytes", type=int, default=None)
-    engine.add_argument("--expert-backend", choices=EXPERT_BACKENDS, default="native")
-    engine.add_argument("--expert-parallel-size", type=int, default=1,
+    defaults = _ENGINE_DEFAULTS
+    engine.add_argument("--device", default=defaults["device"])
+    engine.add_argument("--dtype", default=defaults["dtype"])
+    engine.add_argument("--max-num-seqs", type=int, default=defaults["max_num_seqs"])
+    engine.add_argument("--kv-cache-memory-bytes", type=int, default=defaults["kv_cache_memory_bytes"])
+    engine.add_argument("--expert-backend", choices=EXPERT_BACKENDS, default=defaults["expert_backend"])
+    engine.add_argument("--expert-parallel-size", type=int, default=defaults["expert_parallel_size"],
                         help="N > 1: spread the experts over N rank processes "
                              "(DeepSpeed-MoE all-to-all)")
-    engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+    engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                        default=defaults["enable_prefix_caching"],
                         help="rows sharing a prompt prefix share its KV (default on; "
                              "--no-enable-prefix-caching turns it off, as in vLLM)")
-    engine.add_argument("--speculative-config", default=None, metavar="JSON",
+    engine.add_argument("--speculative-config", default=defaults["speculative_config"], metavar="JSON",
                         help='speculative decoding, as vLLM\'s --speculative-config: e.g. '
                              '\'{"method": "ngram", "num_speculative_tokens": 4}\' (tokens unchanged)')
-    engine.add_argument("--weight-memory", type=_byte_size, default=None, metavar="SIZE",
+    engine.add_argument("--weight-memory", type=_byte_size, default=defaults["weight_memory_bytes"], metavar="SIZE",
                         help="memory for the model's weights, like 8GB or 512MiB (default: all "
                              "resident); the routed experts stream from the checkpoint through "
                              "what the dense weights leave")
@@ -135,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="batches in flight per actor")
     dist.add_argument("--cpus-per-worker", type=float, default=None)
     dist.add_argument("--placement-strategy", choices=PLACEMENT_STRATEGIES,
-                      default="PACK", help="with --expert-parallel-size N on Ray: how each engine's N rank "
+                      default=_ENGINE_DEFAULTS["placement_strategy"], help="with --expert-parallel-size N on Ray: how each engine's N rank "
                                            "actors are placed (one placement group per engine)")
     dist.add_argument("--cpus-per-rank", type=float, default=None,
                       help="with --expert-parallel-size N on Ray: CPUs in each rank's bundle (default 1 on "
@@ -229,16 +241,15 @@ def _main(argv: list[str] | None) -> int:
     try:
         # Imported here, inside the handlers: loading them takes seconds, and a Ctrl-C meanwhile
         # must end the same way as one during the job.
-        from batchgen_data.config import EngineConfig
         from batchgen_data.engine.structured.params import parse_json_object
         from batchgen_data.jobs.runner import JobSpec, run_job
-        from batchgen_data.operators.rows import StageConfig
 
         stage = StageConfig(
             model=args.model,
             engine_config=EngineConfig(device=args.device, dtype=args.dtype,
                                        max_num_seqs=args.max_num_seqs,
-                                       max_num_batched_tokens=max(2048, args.max_num_seqs),
+                                       max_num_batched_tokens=max(_ENGINE_DEFAULTS["max_num_batched_tokens"],
+                                                                  args.max_num_seqs),
                                        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
                                        expert_backend=args.expert_backend,
                                        expert_parallel_size=args.expert_parallel_size,
@@ -252,10 +263,8 @@ def _main(argv: list[str] | None) -> int:
             prompt_column=args.prompt_column,
             prompt_template=_read_template(args.prompt_template),
             should_continue_on_error=not args.fail_on_error,
-            max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-            top_k=args.top_k, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos,
-            logprobs=args.logprobs, prompt_logprobs=args.prompt_logprobs,
-            structured_outputs=_structured_outputs(args),
+            sampling_params={**{name: getattr(args, name) for name in _SAMPLING_FLAGS},
+                             "structured_outputs": _structured_outputs(args)},
             chat_template=_read_template(args.chat_template),
             chat_template_kwargs=None if args.chat_template_kwargs is None else parse_json_object(
                 args.chat_template_kwargs, "--chat-template-kwargs"),

@@ -23,7 +23,8 @@ from batchgen_data.operators.rows import StageConfig
 
 # StageConfig fields that do not change a row's result (json_columns is derived from the inputs,
 # which the manifest records; the model is recorded with its fingerprint).
-_NOT_RESULT_FIELDS = frozenset({"engine_config", "should_continue_on_error", "json_columns", "model"})
+_NOT_RESULT_FIELDS = frozenset({"engine_config", "should_continue_on_error", "json_columns", "model",
+                                "sampling_params"})
 # EngineConfig fields that change tokens.
 _RESULT_ENGINE_FIELDS = ("device", "dtype", "expert_backend")
 _FINGERPRINT_BYTES = 1 << 20  # hashed from each end of a model file
@@ -108,6 +109,7 @@ def job_options(stage: StageConfig) -> dict[str, Any]:
     """Every option of ``stage`` that changes a row's result, as JSON values."""
     options = {name: _plain(getattr(stage, name)) for name in StageConfig.__dataclass_fields__
                if name not in _NOT_RESULT_FIELDS}
+    options.update(stage.sampling_params.to_dict())  # by field name, as a manifest has always held them
     options["model"] = stage.model
     options["model_fingerprint"] = model_fingerprint(stage.model)
     engine = stage.engine_config

@@ -257,6 +257,7 @@ def _run_ray(spec, stage, inputs: JobInputs, pending: list[int], progress, summa
 def _operator_kwargs(stage: StageConfig) -> dict:
     """The stage config as ``BatchGenOperator`` keyword arguments (plain data, for Ray to ship)."""
     kwargs = {f: getattr(stage, f) for f in StageConfig.__dataclass_fields__}
+    kwargs["sampling_params"] = stage.sampling_params.to_dict()
     if stage.engine_config is not None:
         kwargs["engine_config"] = asdict(stage.engine_config)
     return kwargs

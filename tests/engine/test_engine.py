@@ -8,6 +8,7 @@ import pytest
 from tiny_checkpoints import hf_greedy_continuations
 
 from batchgen_data import Engine, EngineConfig, SamplingParams
+from batchgen_data.errors import ConfigError
 from batchgen_data.engine.core.sequence import SequenceStatus
 from batchgen_data.model.kv_cache import KVCache
 
@@ -112,7 +113,10 @@ def test_invalid_requests_get_errors_and_do_not_disturb_others(reference):
     engine = Engine(folder, EngineConfig(block_size=8, max_model_len=128))
     good = SamplingParams(max_tokens=max_tokens[0], temperature=0, ignore_eos=True)
     bad_params = SamplingParams(max_tokens=4)
-    bad_params.top_p = 1.5  # mutated after construction: the engine re-validates
+    with pytest.raises(ConfigError, match="top_p"):  # checked as it is set, left as it was
+        bad_params.top_p = 1.5
+    assert bad_params.top_p == 1.0
+    bad_params = [1, 2]  # not params at all: the input processor's error
     batch = [prompts[0], "", [], [1, 2, 10**6], [1, "x"], [1.5], list(range(4, 200)), prompts[0], 42]
     params = [good, good, good, good, good, good, good, bad_params, good]
     outs = engine.generate(batch, params)
@@ -123,7 +127,7 @@ def test_invalid_requests_get_errors_and_do_not_disturb_others(reference):
     assert "outside the vocabulary" in errors[3]
     assert "integers" in errors[4] and "integers" in errors[5]
     assert "context limit is 128" in errors[6]
-    assert "top_p" in errors[7]
+    assert "must be a SamplingParams or a PoolingParams" in errors[7]
     assert "prompt must be" in errors[8]
 
 

@@ -14,6 +14,7 @@ from batchgen_data import Engine, EngineConfig, SamplingParams, StructuredOutput
 from batchgen_data.engine.sampling_params import FLOAT_FIELDS
 from batchgen_data.engine.structured.compiler import compile_error
 from batchgen_data.errors import ConfigError, one_line
+from batchgen_data.operators.rows import StageConfig, prepare_rows
 
 NON_FINITE = [math.nan, math.inf, -math.inf]
 REGEX_TOO_LARGE = "RequestError: structured_outputs regex too large to compile: lexer error: too many expressions constructed"
@@ -48,22 +49,21 @@ def test_a_temperature_float32_cannot_hold_is_refused(engine):
     assert out.error is None and out.text in choices
 
 
-def _unverified(**fields) -> SamplingParams:
-    """Params as a row's dict could reach the engine without ``SamplingParams.__post_init__``
-    (the engine verifies them again)."""
-    params = SamplingParams.__new__(SamplingParams)
-    for name, value in {**SamplingParams(max_tokens=4).to_dict(), **fields}.items():
-        object.__setattr__(params, name, value)
-    object.__setattr__(params, "_stop_strings", ())
-    return params
-
-
 def test_an_infinite_temperature_with_a_constraint_is_a_finite_number_error_not_a_grammar_mismatch(engine):
+    """Params hold valid values at every moment (built or set), so no infinite temperature can
+    reach the sampler, where it had read as a grammar mismatch; a row's dict gets the error row."""
     constraint = StructuredOutputsParams(choice=["yes", "no"])
-    good, bad = engine.generate(["Ready?", "Ready?"], [SamplingParams(max_tokens=4, structured_outputs=constraint),
-                                                       _unverified(temperature=math.inf, structured_outputs=constraint)])
+    message = "temperature must be a finite number, got inf"
+    with pytest.raises(ConfigError, match=message):
+        SamplingParams(max_tokens=4, temperature=math.inf, structured_outputs=constraint)
+    params = SamplingParams(max_tokens=4, structured_outputs=constraint)
+    with pytest.raises(ConfigError, match=message):
+        params.temperature = math.inf
+    [good] = engine.generate(["Ready?"], params)
     assert good.error is None and good.text in ("yes", "no")
-    assert bad.finish_reason == "error" and bad.error == "ConfigError: temperature must be a finite number, got inf"
+    [row] = prepare_rows({"prompt": ["Ready?"], "sampling_params": [
+        {"temperature": math.inf, "structured_outputs": {"choice": ["yes", "no"]}}]}, 1, StageConfig())
+    assert row.error == f"RowError: invalid sampling_params: {message}"
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])

@@ -8,6 +8,7 @@ import pytest
 
 from batchgen_data import Engine, EngineConfig, SamplingParams
 from batchgen_data.errors import ConfigError
+from batchgen_data.operators.rows import StageConfig, prepare_rows
 
 
 @pytest.fixture(scope="module")
@@ -28,15 +29,14 @@ def test_a_temperature_too_small_for_float32_samples_greedily_as_in_vllm(engine,
 def test_a_non_bool_flag_is_a_config_error_not_a_failed_batch(engine, field):
     with pytest.raises(ConfigError, match=field):
         SamplingParams(**{field: []})
-    from batchgen_data.engine.sampling_params import SamplingParams as SP
-
-    params = SP.__new__(SP)  # a row's dict can still reach the engine unverified: the engine checks
-    for name, value in SamplingParams(max_tokens=2).to_dict().items():
-        object.__setattr__(params, name, value)
-    object.__setattr__(params, "_stop_strings", ())
-    object.__setattr__(params, field, [])
-    good, bad = engine.generate(["Hello", "0"], [SamplingParams(max_tokens=2), params])
-    assert good.error is None and bad.finish_reason == "error" and field in bad.error
+    params = SamplingParams(max_tokens=2)
+    with pytest.raises(ConfigError, match=field):  # set later: checked as it is set, left as it was
+        setattr(params, field, [])
+    assert isinstance(getattr(params, field), bool)
+    [row] = prepare_rows({"prompt": ["0"], "sampling_params": [{field: []}]}, 1, StageConfig())
+    assert row.params is None and field in row.error  # a row's dict: an error row
+    good = engine.generate(["Hello"], params)[0]
+    assert good.error is None
 
 
 def test_detokenize_false_gives_token_ids_and_an_empty_text_and_refuses_stop_strings(engine):

@@ -250,7 +250,13 @@ def test_sampling_flags_default_to_the_stages_defaults_and_say_so(capsys):
     args = build_parser().parse_args(["run", "in", "out"])
     stage = StageConfig()
     names = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
-    assert {n: getattr(args, n) for n in names} == {n: getattr(stage, n) for n in names}
+    assert {n: getattr(args, n) for n in names} == {n: getattr(stage.sampling_params, n) for n in names}
+    engine = EngineConfig()  # the engine flags' defaults are EngineConfig's
+    assert (args.device, args.dtype, args.max_num_seqs, args.expert_backend, args.expert_parallel_size,
+            args.enable_prefix_caching, args.placement_strategy) == (
+        engine.device, engine.dtype, engine.max_num_seqs, engine.expert_backend, engine.expert_parallel_size,
+        engine.enable_prefix_caching, engine.placement_strategy)
+    assert (args.model, args.task) == (stage.model, stage.task_type)
     assert args.max_tokens == SamplingParams().max_tokens  # vLLM's default, not a copy of it
     with pytest.raises(SystemExit):
         build_parser().parse_args(["run", "--help"])

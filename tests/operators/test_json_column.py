@@ -66,7 +66,7 @@ def test_rows_take_guided_decoding_and_override_the_stage_default():
                                           "required": None}}},
         ],
     }
-    rows = prepare_rows(columns, 5, StageConfig(structured_outputs=default))
+    rows = prepare_rows(columns, 5, StageConfig(sampling_params={"structured_outputs": default}))
     assert rows[0].params.structured_outputs.json == default["json"]
     assert rows[1].params.structured_outputs.choice == ("x", "y")
     assert rows[2].params.structured_outputs.regex == "[0-9]+"

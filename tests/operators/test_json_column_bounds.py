@@ -45,13 +45,13 @@ def test_every_int64_value_of_the_column_is_bounded_and_nothing_else_changes():
 
 
 def test_the_stage_config_bounds_its_default_schema_and_keeps_the_column_type():
-    config = StageConfig(structured_outputs={"json": SCHEMA, "disable_any_whitespace": True})
+    config = StageConfig(sampling_params={"structured_outputs": {"json": SCHEMA, "disable_any_whitespace": True}})
     constraint = config.default_params().structured_outputs
     assert constraint.json["properties"]["priority"]["maximum"] == INT64_GRAMMAR_MAX
     assert constraint.disable_any_whitespace
     assert stage_output_schema(config).field("generated_json").type == json_column_type(SCHEMA)
     # A schema without a typed column (not an object) is left as it was.
-    plain = StageConfig(structured_outputs={"json": {"type": "integer"}}).default_params().structured_outputs
+    plain = StageConfig(sampling_params={"structured_outputs": {"json": {"type": "integer"}}}).default_params().structured_outputs
     assert plain.json == {"type": "integer"}
 
 

@@ -35,10 +35,10 @@ ERRORS = [
 def test_a_rows_nan_or_infinite_sampling_value_is_an_error_row_and_a_null_is_the_default():
     table = pa.Table.from_pylist(ROWS)  # Arrow keeps NaN apart from null
     columns = {name: table.column(name).to_pylist() for name in table.column_names}
-    rows = prepare_rows(columns, len(ROWS), StageConfig(max_tokens=2))
+    rows = prepare_rows(columns, len(ROWS), StageConfig(sampling_params={"max_tokens": 2}))
     assert [row.error for row in rows] == ERRORS
     pandas_rows = prepare_rows({k: list(v) for k, v in table.to_pandas().to_dict("list").items()}, len(ROWS),
-                               StageConfig(max_tokens=2))  # pandas: a struct's null fields are None
+                               StageConfig(sampling_params={"max_tokens": 2}))  # pandas: a struct's null fields are None
     assert [row.error for row in pandas_rows] == ERRORS
 
 
@@ -47,7 +47,7 @@ def test_a_rows_nan_or_infinite_sampling_value_is_an_error_row_and_a_null_is_the
 def test_a_non_finite_stage_default_is_a_config_error(field, value):
     message = f"^{field} must be a finite number, got {value}$"
     with pytest.raises(ConfigError, match=message):
-        StageConfig(**{field: value})
+        StageConfig.from_kwargs(**{field: value})
     with pytest.raises(ConfigError, match=message):
         BatchGenMap(model="demo", **{field: value})
 

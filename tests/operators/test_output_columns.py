@@ -119,7 +119,7 @@ def test_every_batch_format_adds_the_tables_columns(operator, fmt):
 
 
 def test_generated_json_comes_after_the_tables_columns():
-    config = StageConfig(structured_outputs={"json": JSON_SCHEMA})
+    config = StageConfig(sampling_params={"structured_outputs": {"json": JSON_SCHEMA}})
     prepared = prepare_batch(pa.Table.from_pylist([{"prompt": "a"}, {"prompt": ""}]), config)
     text = json.dumps({"answer": "yes", "stars": 4})
     result = RowResult.from_output(GenerationOutput(request_id=0, token_ids=[1], text=text, finish_reason="stop",

@@ -216,7 +216,7 @@ def test_the_stage_pool_starts_only_when_rows_would_queue(ray_cluster, demo_path
     from batchgen_data.operators.rows import StageConfig
 
     kwargs = {"model": str(demo_path), "engine_config": ENGINE_CONFIG, "max_tokens": 4, "ignore_eos": True}
-    name = stage_coordinator_name(repr(StageConfig(**kwargs)))
+    name = stage_coordinator_name(repr(StageConfig.from_kwargs(**kwargs)))
 
     def run(num_rows: int, block: int) -> None:
         rows = [{"id": i, "prompt": f"Row {i}"} for i in range(num_rows)]

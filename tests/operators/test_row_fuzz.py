@@ -33,7 +33,7 @@ from batchgen_data import Engine, EngineConfig, SamplingParams
 
 MAX_TOKENS = 2  # every generated row stops here: the fuzz is about rows, not generation
 NUM_EXAMPLES = 400  # ~10 s on an idle 2-core machine, ~35 s on a busy one; 6,000 random ones pass too
-CONFIG = StageConfig(max_tokens=MAX_TOKENS)
+CONFIG = StageConfig(sampling_params={"max_tokens": MAX_TOKENS})
 
 # --- strategies -------------------------------------------------------------------------------
 
@@ -229,7 +229,7 @@ def test_a_stage_default_with_a_lone_surrogate_is_a_config_error():
     from batchgen_data.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"'stop\[0\]' holds a lone surrogate \\ud83d"):
-        StageConfig(stop=["\ud83d"])
+        StageConfig(sampling_params={"stop": ["\ud83d"]})
     with pytest.raises(ConfigError, match=r"'structured_outputs.choice\[1\]' holds a lone surrogate"):
-        StageConfig(structured_outputs={"choice": ["yes", "no\udc00"]})
+        StageConfig.from_kwargs(structured_outputs={"choice": ["yes", "no\udc00"]})
     assert SamplingParams(stop=["\U0001f600"]).stop == ["\U0001f600"]  # a whole emoji is text

@@ -23,7 +23,7 @@ def test_output_schema_names_the_output_columns():
 def test_prepare_rows_turns_bad_rows_into_errors():
     rows = mixed_rows()
     columns = {k: [r[k] for r in rows] for k in rows[0]}
-    prepared = prepare_rows(columns, len(rows), StageConfig(max_tokens=5))
+    prepared = prepare_rows(columns, len(rows), StageConfig(sampling_params={"max_tokens": 5}))
     errors = {rows[p.index]["id"]: p.error for p in prepared if p.error}
     assert set(errors) == {100, 101, 102, 103}
     assert "empty prompt" in errors[100] and "missing prompt" in errors[101]
@@ -38,7 +38,7 @@ def test_reader_errors_and_json_columns_reach_row_validation():
         "sampling_params": ['{"max_tokens": 3}', None, '"max_tokens=3"', "{not json", None],
         INPUT_ERROR_COLUMN: [None, "in.jsonl line 2: invalid JSON at column 9: Expecting value", None, None, None],
     }
-    prepared = prepare_rows(columns, 5, StageConfig(max_tokens=5, json_columns=["sampling_params"]))
+    prepared = prepare_rows(columns, 5, StageConfig(sampling_params={"max_tokens": 5}, json_columns=["sampling_params"]))
     assert prepared[0].error is None and prepared[0].params.max_tokens == 3  # decoded, then applied
     assert prepared[1].error == "RowError: in.jsonl line 2: invalid JSON at column 9: Expecting value"
     assert prepared[2].error == "RowError: sampling_params must be a dict, got str"
@@ -102,7 +102,7 @@ def test_missing_prompt_column_is_a_config_error():
     with pytest.raises(ValueError, match="none of the prompt columns"):
         prepare_rows({"text": ["a"]}, 1, StageConfig())
     with pytest.raises(ValueError, match="temperature"):
-        StageConfig(temperature=-1.0)
+        StageConfig(sampling_params={"temperature": -1.0})
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ def test_results_and_error_rows_come_back_in_input_order(fmt):
     rows = mixed_rows()
     table = pa.Table.from_pylist(rows)
     batch = table if fmt == "pyarrow" else table.to_pydict()
-    config = StageConfig(max_tokens=5)
+    config = StageConfig(sampling_params={"max_tokens": 5})
     prepared = prepare_batch(batch, config)
     assert [rows[r.index]["id"] for r in prepared.valid_rows] == [
         r["id"] for r in rows if r["id"] not in BAD_IDS
@@ -65,7 +65,7 @@ def test_should_continue_on_error_false_raises_for_bad_rows_and_failed_requests(
 def test_stage_defaults_are_vllms_except_greedy():
     # Rows without sampling_params get SamplingParams' defaults (max_tokens 16), sampled greedily.
     assert StageConfig().default_params() == SamplingParams(temperature=0.0)
-    assert StageConfig().max_tokens == SamplingParams().max_tokens == 16
+    assert StageConfig().sampling_params.max_tokens == SamplingParams().max_tokens == 16
     prepared = prepare_rows({"prompt": ["a"], "sampling_params": [{"top_k": 5}]}, 1, StageConfig())
     assert prepared[0].params == SamplingParams(temperature=0.0, top_k=5)
 

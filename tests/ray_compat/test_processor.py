@@ -10,7 +10,7 @@ import ray
 
 from batchgen_data import HttpRequestProcessorConfig, Processor, ProcessorConfig, build_processor
 from batchgen_data import vLLMEngineProcessorConfig
-from batchgen_data.processor_stages import ProcessorStage
+from batchgen_data.processor.stages import ProcessorStage
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from batchgen_data.engine.core.budget import tokens_left
 from batchgen_data.engine.core.sequence import SequenceStatus
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ class RequestProgress:
     @property
     def num_tokens_left(self) -> int:
         """Tokens it may still generate (its ``max_tokens`` budget left)."""
-        return max(0, self.max_tokens - self.num_generated)
+        return tokens_left(self.max_tokens, self.num_generated)
 
     @classmethod
     def of_new(cls, request: NewRequest) -> RequestProgress:
@@ -92,6 +93,11 @@ class SeqProgress:
     movable: bool = True
     running: bool = True  # in the running set now (False: waiting, or suspended for KV memory)
     request_id: int = -1  # the engine's id for it: what a planned move names (-1: not known)
+
+    @property
+    def num_tokens_left(self) -> int:
+        """Tokens it may still generate (its ``max_tokens`` budget left)."""
+        return tokens_left(self.max_tokens, self.num_generated)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from batchgen_data.engine.core.budget import tokens_left
 from batchgen_data.engine.pooling_params import PoolingParams
 from batchgen_data.engine.sampling_params import SamplingParams
 
@@ -186,7 +187,7 @@ class Sequence:
     @property
     def num_tokens_left(self) -> int:
         """Tokens the sequence may still generate (its ``max_tokens`` budget left)."""
-        return max(0, self.params.max_tokens - self.num_generated)
+        return tokens_left(self.params.max_tokens, self.num_generated)
 
     @property
     def num_pending_tokens(self) -> int:

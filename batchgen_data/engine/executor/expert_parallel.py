@@ -161,7 +161,7 @@ class ExpertParallelExecutor:
         ranks = [self._rank_progress(rank, step_s) for rank in range(len(commands))]
         model, targets, busy = StepModel(step_s, 0.0), {}, set()
         for giver in sorted(range(len(ranks)), key=lambda r: -finish_s(
-                [p.max_tokens - p.num_generated for p in ranks[r].seqs], ranks[r].run_slots, model)):
+                [p.num_tokens_left for p in ranks[r].seqs], ranks[r].run_slots, model)):
             receivers = [r for r in range(len(ranks)) if r != giver and r not in busy]
             if giver in busy or not receivers:
                 continue

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from batchgen_data.engine.core import budget
+
 # Finished rows of one max_tokens kept to learn output lengths from (the latest ones).
 _LENGTH_SAMPLES = 2048
 # Fewer finished rows longer than a sequence's current length than this: use the max_tokens bound.
@@ -78,7 +80,7 @@ class OutputLengths:
         """Expected tokens still to come: the mean remaining length of finished rows (same
         ``max_tokens``) that outlived ``num_generated``; the ``max_tokens`` bound while fewer than
         a handful did (a sequence longer than all its finished peers may run to its limit)."""
-        bound = max(0, max_tokens - num_generated)
+        bound = budget.tokens_left(max_tokens, num_generated)
         window = self._by_max.get(int(max_tokens))
         if window is None:
             return float(bound)

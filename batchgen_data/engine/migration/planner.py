@@ -289,5 +289,5 @@ def _score(*seconds: float) -> tuple[float, ...]:
 
 def _tokens_left(seq: SeqProgress, lengths: OutputLengths | None) -> float:
     if lengths is None:
-        return float(max(0, seq.max_tokens - seq.num_generated))
+        return float(seq.num_tokens_left)
     return lengths.tokens_left(seq.num_generated, seq.max_tokens)

@@ -48,7 +48,7 @@ class DetokenizeStage(ProcessorStage):
 
 
 def engine_stages(config: BatchGenProcessorConfig, chat_template_kwargs: dict | None = None,
-                  num_cpus: float | None = None) -> list[ProcessorStage]:
+                  num_cpus: float | None = None, engine_fields: dict | None = None) -> list[ProcessorStage]:
     """The stages ``config`` runs, in Ray's order: chat template and tokenize when enabled, the
     engine, detokenize when enabled (``config.check()`` has refused an enabled multimodal stage).
 
@@ -57,12 +57,13 @@ def engine_stages(config: BatchGenProcessorConfig, chat_template_kwargs: dict | 
         chat_template_kwargs: ``build_processor``'s ``builder_kwargs`` fallback, as in Ray.
         num_cpus: CPUs per engine actor when the config gives none (``Processor`` sizes it on
             the cluster it runs on).
+        engine_fields: ``config.check()``'s (the engine arguments mapped once), else mapped here.
     """
     import ray
 
     from batchgen_data.operators import BatchGenOperator
 
-    operator_kwargs = config.operator_kwargs(chat_template_kwargs)
+    operator_kwargs = config.operator_kwargs(chat_template_kwargs, engine_fields)
     stages: list[ProcessorStage] = []
     chat = config.stage("chat_template_stage")
     if chat.enabled:

@@ -30,7 +30,7 @@ from typing import Any
 
 from batchgen_data.config.ray_processor import BatchGenProcessorConfig, vLLMEngineProcessorConfig
 from batchgen_data.errors import ConfigError
-from batchgen_data.processor_stages import ProcessorStage, engine_stages
+from batchgen_data.processor.stages import ProcessorStage, engine_stages
 
 __all__ = ["BatchGenProcessorConfig", "Processor", "ProcessorStage", "build_llm_processor", "build_processor",
            "vLLMEngineProcessorConfig"]
@@ -160,9 +160,9 @@ def build_processor(config, preprocess: Callable[[dict], dict] | None = None,
     if unknown:
         raise TypeError(f"build_processor() got unexpected builder_kwargs {unknown}; the vLLM engine processor "
                         f"takes {sorted(_BUILDER_KWARGS)}")
-    config.check()
-    return Processor(config, engine_stages(config, builder_kwargs.get("chat_template_kwargs")), preprocess,
-                     postprocess, preprocess_map_kwargs, postprocess_map_kwargs)
+    engine_fields = config.check()  # engine_kwargs mapped and checked once, for every stage
+    stages = engine_stages(config, builder_kwargs.get("chat_template_kwargs"), engine_fields=engine_fields)
+    return Processor(config, stages, preprocess, postprocess, preprocess_map_kwargs, postprocess_map_kwargs)
 
 
 # Older Ray Data LLM's name for build_processor.
