@@ -91,7 +91,7 @@ def native():
 # The slow tier: what starts Ray, kills processes, runs notebooks and examples, builds a wheel or
 # runs a benchmark. ``pytest -m "not slow"`` is the quick loop; CI runs everything.
 _SLOW_FILES = {"test_examples.py", "test_wheel_install.py", "test_fault_tolerance.py", "test_node_failure.py",
-               "test_ray_ranks.py", "test_expert_parallel.py", "test_cli.py", "test_hostile_inputs.py",
+               "test_ray_ranks.py", "test_expert_parallel.py", "test_cli.py", "test_run_batch.py", "test_hostile_inputs.py",
                "test_bad_inputs.py", "test_row_errors_cli.py"}
 _SLOW_FOLDERS = {"benchmarks", "distributed"}
 

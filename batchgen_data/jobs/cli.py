@@ -1,8 +1,13 @@
-"""``batchgen-data``: run a MoE model over a folder of Parquet / JSONL / CSV rows.
+"""``batchgen-data``: run a MoE model over a folder of Parquet / JSONL / CSV rows, or over an
+OpenAI Batch file.
 
     batchgen-data run INPUT OUTPUT [--model PATH|demo] [--prompt-column COL]
                       [--task generate|embed|classify] [--max-tokens N] [--weight-memory SIZE]
                       [--workers N] [--address ADDR] ...
+    batchgen-data run-batch -i BATCH.jsonl -o RESULTS.jsonl [--model PATH|demo] ...
+
+Every job writes its token usage (rows, prompt, cached and completion tokens, error rows, wall
+time, tokens/s) to OUTPUT/_usage.json (run-batch: RESULTS.jsonl.usage.json) and prints it.
 
 --task embed writes each row's embedding (the last prompt token's final hidden state,
 L2-normalized) to the embeddings column; --task classify writes the class probabilities of a
@@ -28,17 +33,19 @@ import sys
 import threading
 from pathlib import Path
 
-from dataclasses import fields
-
-from batchgen_data.config import EXPERT_BACKENDS, PLACEMENT_STRATEGIES, EngineConfig
 from batchgen_data.config.tasks import TASK_TYPES
-from batchgen_data.errors import BatchGenError, ConfigError
-from batchgen_data.jobs.sizes import parse_byte_size
-from batchgen_data.operators.rows import STAGE_SAMPLING_DEFAULTS, StageConfig
+from batchgen_data.errors import BatchGenError
+from batchgen_data.jobs.cli_flags import (
+    STAGE_DEFAULTS,
+    add_distributed_flags,
+    add_engine_flags,
+    engine_config_from,
+    read_template,
+)
+from batchgen_data.jobs.openai_batch import command as run_batch_command
+from batchgen_data.jobs.usage import USAGE
+from batchgen_data.operators.rows import STAGE_SAMPLING_DEFAULTS
 
-# The flags' defaults are the dataclasses' own: a default changed there changes here.
-_ENGINE_DEFAULTS = {f.name: f.default for f in fields(EngineConfig)}
-_STAGE_DEFAULTS = {f.name: f.default for f in fields(StageConfig)}
 # The sampling flags (each a ``SamplingParams`` field of that name) that make up the job's
 # default ``sampling_params``; ``--json-schema`` / ``--choice`` / ... add ``structured_outputs``.
 _SAMPLING_FLAGS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos",
@@ -53,11 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("input", type=Path, help="a .parquet/.jsonl/.csv file or a folder of them")
     run.add_argument("output", type=Path,
                      help="output folder (reused to resume an interrupted job)")
-    run.add_argument("--model", default=_STAGE_DEFAULTS["model"],
+    run.add_argument("--model", default=STAGE_DEFAULTS["model"],
                      help="'demo' (default) or a local checkpoint folder")
     run.add_argument("--prompt-column", default=None,
                      help="column holding prompts (default: prompt, messages or prompt_token_ids)")
-    run.add_argument("--task", choices=TASK_TYPES, default=_STAGE_DEFAULTS["task_type"],
+    run.add_argument("--task", choices=TASK_TYPES, default=STAGE_DEFAULTS["task_type"],
                      help="generate text (default), or embed / classify each row prefill-only into "
                           "the embeddings column (Ray Data LLM's task_type)")
     run.add_argument("--prompt-template", default=None,
@@ -116,82 +123,25 @@ def build_parser() -> argparse.ArgumentParser:
                             help="outputs follow this EBNF grammar (GBNF or Lark; a file, or its text)")
     structured.add_argument("--disable-any-whitespace", action="store_true",
                             help="JSON without whitespace between tokens (shorter; small models)")
-    engine = run.add_argument_group("engine")
-    defaults = _ENGINE_DEFAULTS
-    engine.add_argument("--device", default=defaults["device"])
-    engine.add_argument("--dtype", default=defaults["dtype"])
-    engine.add_argument("--max-num-seqs", type=int, default=defaults["max_num_seqs"])
-    engine.add_argument("--kv-cache-memory-bytes", type=int, default=defaults["kv_cache_memory_bytes"])
-    engine.add_argument("--expert-backend", choices=EXPERT_BACKENDS, default=defaults["expert_backend"])
-    engine.add_argument("--expert-parallel-size", type=int, default=defaults["expert_parallel_size"],
-                        help="N > 1: spread the experts over N rank processes "
-                             "(DeepSpeed-MoE all-to-all)")
-    engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                        default=defaults["enable_prefix_caching"],
-                        help="rows sharing a prompt prefix share its KV (default on; "
-                             "--no-enable-prefix-caching turns it off, as in vLLM)")
-    engine.add_argument("--speculative-config", default=defaults["speculative_config"], metavar="JSON",
-                        help='speculative decoding, as vLLM\'s --speculative-config: e.g. '
-                             '\'{"method": "ngram", "num_speculative_tokens": 4}\' (tokens unchanged)')
-    engine.add_argument("--weight-memory", type=_byte_size, default=defaults["weight_memory_bytes"], metavar="SIZE",
-                        help="memory for the model's weights, like 8GB or 512MiB (default: all "
-                             "resident); the routed experts stream from the checkpoint through "
-                             "what the dense weights leave")
-    dist = run.add_argument_group("distributed (Ray Data)")
-    dist.add_argument("--workers", type=int, default=1,
-                      help="N > 1: N engine actors through Ray Data")
-    dist.add_argument("--address", default=None,
-                      help="join this Ray cluster instead of starting one")
-    dist.add_argument("--batch-size", type=int, default=64, help="rows per Ray Data batch")
-    dist.add_argument("--max-concurrent-batches", type=int, default=4,
-                      help="batches in flight per actor")
-    dist.add_argument("--cpus-per-worker", type=float, default=None)
-    dist.add_argument("--placement-strategy", choices=PLACEMENT_STRATEGIES,
-                      default=_ENGINE_DEFAULTS["placement_strategy"], help="with --expert-parallel-size N on Ray: how each engine's N rank "
-                                           "actors are placed (one placement group per engine)")
-    dist.add_argument("--cpus-per-rank", type=float, default=None,
-                      help="with --expert-parallel-size N on Ray: CPUs in each rank's bundle (default 1 on "
-                           "--address clusters; on the local Ray, a share of what the engine actors leave)")
-    dist.add_argument("--gpus-per-rank", type=float, default=None,
-                      help="GPUs in each rank's bundle (default 1 with --device cuda, else 0)")
+    add_engine_flags(run)
+    add_distributed_flags(run)
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--fail-on-error", action="store_true",
                      help="stop at the first bad row instead of writing error rows")
+    run_batch_command.add_parser(sub)
     return parser
-
-
-def _rank_resources(args) -> dict | None:
-    """One rank's bundle from --cpus-per-rank / --gpus-per-rank (None: the engine's default)."""
-    if args.cpus_per_rank is None and args.gpus_per_rank is None:
-        return None
-    gpus = args.gpus_per_rank if args.gpus_per_rank is not None else float(args.device.startswith("cuda"))
-    bundle = {"CPU": 1.0 if args.cpus_per_rank is None else args.cpus_per_rank}
-    return {**bundle, "GPU": gpus} if gpus else bundle
-
-
-def _byte_size(text: str) -> int:
-    try:
-        return parse_byte_size(text)
-    except ConfigError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-
-
-def _read_template(value: str | None) -> str | None:
-    if value is not None and Path(value).is_file():
-        return Path(value).read_text(encoding="utf-8")
-    return value
 
 
 def _structured_outputs(args: argparse.Namespace) -> dict | None:
     """The job-wide ``structured_outputs`` the flags ask for (validated by ``StageConfig``)."""
     if args.json_schema is not None:
-        constraint = {"json": _read_template(args.json_schema)}
+        constraint = {"json": read_template(args.json_schema)}
     elif args.choice is not None:
         constraint = {"choice": [c for c in args.choice.split(",") if c]}
     elif args.regex is not None:
         constraint = {"regex": args.regex}
     elif args.grammar is not None:
-        constraint = {"grammar": _read_template(args.grammar)}
+        constraint = {"grammar": read_template(args.grammar)}
     else:
         return None
     if args.disable_any_whitespace:
@@ -239,46 +189,12 @@ def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        # Imported here, inside the handlers: loading them takes seconds, and a Ctrl-C meanwhile
-        # must end the same way as one during the job.
-        from batchgen_data.engine.structured.params import parse_json_object
-        from batchgen_data.jobs.runner import JobSpec, run_job
-
-        stage = StageConfig(
-            model=args.model,
-            engine_config=EngineConfig(device=args.device, dtype=args.dtype,
-                                       max_num_seqs=args.max_num_seqs,
-                                       max_num_batched_tokens=max(_ENGINE_DEFAULTS["max_num_batched_tokens"],
-                                                                  args.max_num_seqs),
-                                       kv_cache_memory_bytes=args.kv_cache_memory_bytes,
-                                       expert_backend=args.expert_backend,
-                                       expert_parallel_size=args.expert_parallel_size,
-                                       weight_memory_bytes=args.weight_memory,
-                                       enable_prefix_caching=args.enable_prefix_caching,
-                                       placement_strategy=args.placement_strategy,
-                                       rank_resources=_rank_resources(args),
-                                       speculative_config=None if args.speculative_config is None else
-                                       parse_json_object(args.speculative_config, "--speculative-config")),
-            task_type=args.task,
-            prompt_column=args.prompt_column,
-            prompt_template=_read_template(args.prompt_template),
-            should_continue_on_error=not args.fail_on_error,
-            sampling_params={**{name: getattr(args, name) for name in _SAMPLING_FLAGS},
-                             "structured_outputs": _structured_outputs(args)},
-            chat_template=_read_template(args.chat_template),
-            chat_template_kwargs=None if args.chat_template_kwargs is None else parse_json_object(
-                args.chat_template_kwargs, "--chat-template-kwargs"),
-        )
-        if args.rows_per_part < 1 or args.workers < 1:
-            raise BatchGenError(f"--rows-per-part and --workers must be >= 1, "
-                                f"got {args.rows_per_part} and {args.workers}")
-        spec = JobSpec(input=args.input, output=args.output, stage=stage,
-                       rows_per_part=args.rows_per_part, output_format=args.output_format,
-                       workers=args.workers, address=args.address, batch_size=args.batch_size,
-                       max_concurrent_batches=args.max_concurrent_batches,
-                       cpus_per_worker=args.cpus_per_worker, show_progress=not args.no_progress,
-                       encoding=args.encoding, skip_bad_files=args.skip_bad_files, overwrite=args.overwrite)
-        summary = run_job(spec)
+        # The job's modules are imported inside the handlers: loading them takes seconds, and a
+        # Ctrl-C meanwhile must end the same way as one during the job.
+        if args.command == "run-batch":
+            run_batch_command.run(args)
+        else:
+            _run(args)
     except BatchGenError as err:
         print(f"batchgen-data: error: {err}", file=sys.stderr)
         return 2
@@ -289,12 +205,45 @@ def _main(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         print("batchgen-data: interrupted; run the same command again to resume", file=sys.stderr)
         return 130
+    return 0
+
+
+def _run(args: argparse.Namespace) -> None:
+    from batchgen_data.engine.structured.params import parse_json_object
+    from batchgen_data.jobs.runner import JobSpec, run_job
+    from batchgen_data.operators.rows import StageConfig
+
+    stage = StageConfig(
+        model=args.model,
+        engine_config=engine_config_from(args),
+        task_type=args.task,
+        prompt_column=args.prompt_column,
+        prompt_template=read_template(args.prompt_template),
+        should_continue_on_error=not args.fail_on_error,
+        sampling_params={**{name: getattr(args, name) for name in _SAMPLING_FLAGS},
+                         "structured_outputs": _structured_outputs(args)},
+        chat_template=read_template(args.chat_template),
+        chat_template_kwargs=None if args.chat_template_kwargs is None else parse_json_object(
+            args.chat_template_kwargs, "--chat-template-kwargs"),
+    )
+    if args.rows_per_part < 1 or args.workers < 1:
+        raise BatchGenError(f"--rows-per-part and --workers must be >= 1, "
+                            f"got {args.rows_per_part} and {args.workers}")
+    spec = JobSpec(input=args.input, output=args.output, stage=stage,
+                   rows_per_part=args.rows_per_part, output_format=args.output_format,
+                   workers=args.workers, address=args.address, batch_size=args.batch_size,
+                   max_concurrent_batches=args.max_concurrent_batches,
+                   cpus_per_worker=args.cpus_per_worker, show_progress=not args.no_progress,
+                   encoding=args.encoding, skip_bad_files=args.skip_bad_files, overwrite=args.overwrite)
+    summary = run_job(spec)
     print(
         f"batchgen-data: {summary.num_rows} rows in {summary.num_parts} parts "
         f"({summary.num_parts_skipped} already done), {summary.num_error_rows} error rows, "
         f"{summary.num_output_tokens} output tokens, prefix cache hit "
         f"{summary.prefix_cache_hit_rate:.0%} of prompt tokens -> {args.output}"
     )
+    if summary.usage is not None:
+        print(f"batchgen-data: usage: {summary.usage.describe()} -> {args.output / USAGE}")
     for name in summary.empty_inputs:
         print(f"batchgen-data: {name} has zero rows")
     if summary.skipped_inputs:
@@ -302,7 +251,6 @@ def _main(argv: list[str] | None) -> int:
               f"read (listed in {args.output / '_skipped.json'}):")
         for bad in summary.skipped_inputs:
             print(f"  {bad.file}: {bad.reason}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -33,7 +33,8 @@ OUTPUT_FORMATS = ("parquet", "jsonl")
 MANIFEST = "_batchgen_job.json"
 SKIPPED = "_skipped.json"
 LOCK = ".batchgen.lock"  # hidden: readers of the folder (pyarrow, datasets) skip it
-_JOB_FILES = (MANIFEST, SKIPPED)
+USAGE = "_usage.json"  # the job's token usage (``usage.py``)
+_JOB_FILES = (MANIFEST, SKIPPED, USAGE)
 
 
 class OutputPathError(BatchGenError, OSError):

@@ -15,6 +15,7 @@ import math
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -37,6 +38,7 @@ from batchgen_data.jobs.interrupt import run_interruptible
 from batchgen_data.jobs.manifest import JobManifest, job_options
 from batchgen_data.jobs.progress import JobProgress
 from batchgen_data.jobs.readers import resolve_encoding
+from batchgen_data.jobs.usage import USAGE, JobUsage, usage_of_parts, write_usage
 from batchgen_data.operators.columns import ERROR_COLUMN, OUTPUT_COLUMNS
 from batchgen_data.operators.json_column import GENERATED_JSON_COLUMN
 from batchgen_data.operators.rows import StageConfig
@@ -76,6 +78,7 @@ class JobSummary:
     output_files: list[str] = field(default_factory=list)
     empty_inputs: list[str] = field(default_factory=list)  # files read with zero rows
     skipped_inputs: list[BadInput] = field(default_factory=list)  # bad files, with skip_bad_files
+    usage: JobUsage | None = None  # the whole job's, written to OUTPUT/_usage.json once it is done
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -84,6 +87,7 @@ class JobSummary:
 
 
 def run_job(spec: JobSpec) -> JobSummary:
+    start = time.perf_counter()
     encoding = resolve_encoding(spec.encoding)
     files = discover_inputs(spec.input)
     check_output(spec.output, spec.input)
@@ -94,7 +98,12 @@ def run_job(spec: JobSpec) -> JobSummary:
         path = read_manifest_path(spec.output)
         previous = None if path is None else JobManifest.read(path)
         try:
-            return _run_locked(spec, encoding, files, previous)
+            summary = _run_locked(spec, encoding, files, previous)
+            summary.usage = usage_of_parts(spec.output)
+            summary.usage.wall_s = time.perf_counter() - start
+            summary.usage.run_completion_tokens = summary.num_output_tokens
+            write_usage(spec.output / USAGE, summary.usage)
+            return summary
         finally:
             remove_stale_temporaries(spec.output)  # UTF-8 copies of inputs in other encodings
 
@@ -116,7 +125,9 @@ def _run_locked(spec: JobSpec, encoding: str, files: list[Path], previous: JobMa
     summary = JobSummary(num_parts=len(inputs.parts), num_parts_skipped=len(inputs.parts) - len(pending),
                          num_rows=sum(p.num_rows for p in inputs.parts), empty_inputs=inputs.empty,
                          skipped_inputs=inputs.bad)
-    stage = replace(spec.stage, json_columns=inputs.schema.json_columns or None)
+    # the stage's JSON-text columns (run-batch's rows) and those the reader found of mixed types
+    json_columns = sorted(set(spec.stage.json_columns or ()) | set(inputs.schema.json_columns or ()))
+    stage = replace(spec.stage, json_columns=json_columns or None)
     done_rows = summary.num_rows - sum(inputs.parts[i].num_rows for i in pending)
     progress = JobProgress(summary.num_rows, done_rows, spec.show_progress)
     try:
