@@ -37,9 +37,13 @@ from batchgen_data.config.tasks import TASK_TYPES
 from batchgen_data.errors import BatchGenError
 from batchgen_data.jobs.cli_flags import (
     STAGE_DEFAULTS,
+    add_chat_template_flags,
     add_distributed_flags,
     add_engine_flags,
+    add_job_flags,
+    chat_template_fields,
     engine_config_from,
+    job_spec_from,
     read_template,
 )
 from batchgen_data.jobs.openai_batch import command as run_batch_command
@@ -70,13 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--prompt-template", default=None,
                      help="build prompts from columns: a text with {column} placeholders, "
                           "or a file holding it")
-    run.add_argument("--chat-template", default=None, metavar="FILE|JINJA",
-                     help="a chat template for messages rows, replacing the tokenizer's (a file, or its text)")
-    run.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
-                     help='arguments for the chat template, e.g. \'{"enable_thinking": false}\'')
+    add_chat_template_flags(run)
     run.add_argument("--output-format", choices=("parquet", "jsonl"), default="parquet")
-    run.add_argument("--rows-per-part", type=int, default=256,
-                     help="rows per output part file (default %(default)s)")
+    add_job_flags(run)
     run.add_argument("--encoding", default=None,
                      help="text encoding of JSONL and CSV inputs (default utf-8; bad bytes mark "
                           "their row as an error)")
@@ -125,7 +125,6 @@ def build_parser() -> argparse.ArgumentParser:
                             help="JSON without whitespace between tokens (shorter; small models)")
     add_engine_flags(run)
     add_distributed_flags(run)
-    run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--fail-on-error", action="store_true",
                      help="stop at the first bad row instead of writing error rows")
     run_batch_command.add_parser(sub)
@@ -209,8 +208,7 @@ def _main(argv: list[str] | None) -> int:
 
 
 def _run(args: argparse.Namespace) -> None:
-    from batchgen_data.engine.structured.params import parse_json_object
-    from batchgen_data.jobs.runner import JobSpec, run_job
+    from batchgen_data.jobs.runner import run_job
     from batchgen_data.operators.rows import StageConfig
 
     stage = StageConfig(
@@ -222,19 +220,10 @@ def _run(args: argparse.Namespace) -> None:
         should_continue_on_error=not args.fail_on_error,
         sampling_params={**{name: getattr(args, name) for name in _SAMPLING_FLAGS},
                          "structured_outputs": _structured_outputs(args)},
-        chat_template=read_template(args.chat_template),
-        chat_template_kwargs=None if args.chat_template_kwargs is None else parse_json_object(
-            args.chat_template_kwargs, "--chat-template-kwargs"),
+        **chat_template_fields(args),
     )
-    if args.rows_per_part < 1 or args.workers < 1:
-        raise BatchGenError(f"--rows-per-part and --workers must be >= 1, "
-                            f"got {args.rows_per_part} and {args.workers}")
-    spec = JobSpec(input=args.input, output=args.output, stage=stage,
-                   rows_per_part=args.rows_per_part, output_format=args.output_format,
-                   workers=args.workers, address=args.address, batch_size=args.batch_size,
-                   max_concurrent_batches=args.max_concurrent_batches,
-                   cpus_per_worker=args.cpus_per_worker, show_progress=not args.no_progress,
-                   encoding=args.encoding, skip_bad_files=args.skip_bad_files, overwrite=args.overwrite)
+    spec = job_spec_from(args, stage, input=args.input, output=args.output, output_format=args.output_format,
+                         encoding=args.encoding, skip_bad_files=args.skip_bad_files)
     summary = run_job(spec)
     print(
         f"batchgen-data: {summary.num_rows} rows in {summary.num_parts} parts "

@@ -10,11 +10,48 @@ from pathlib import Path
 
 from batchgen_data.config import EXPERT_BACKENDS, PLACEMENT_STRATEGIES, EngineConfig
 from batchgen_data.errors import ConfigError
+from batchgen_data.jobs.job_spec import JobSpec
 from batchgen_data.jobs.sizes import parse_byte_size
 from batchgen_data.operators.rows import StageConfig
 
 ENGINE_DEFAULTS = {f.name: f.default for f in fields(EngineConfig)}
 STAGE_DEFAULTS = {f.name: f.default for f in fields(StageConfig)}
+JOB_DEFAULTS = {f.name: f.default for f in fields(JobSpec)}
+
+
+def add_chat_template_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--chat-template", default=None, metavar="FILE|JINJA",
+                        help="a chat template for messages, replacing the tokenizer's (a file, or its text)")
+    parser.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
+                        help='arguments for the chat template, e.g. \'{"enable_thinking": false}\'')
+
+
+def chat_template_fields(args: argparse.Namespace) -> dict:
+    """``StageConfig``'s ``chat_template`` and ``chat_template_kwargs`` from their flags."""
+    from batchgen_data.engine.structured.params import parse_json_object
+
+    kwargs = args.chat_template_kwargs
+    return {"chat_template": read_template(args.chat_template),
+            "chat_template_kwargs": None if kwargs is None else parse_json_object(kwargs, "--chat-template-kwargs")}
+
+
+def add_job_flags(parser: argparse.ArgumentParser) -> None:
+    """Flags of how a job's parts run, not of what they give (``JobSpec``'s)."""
+    parser.add_argument("--rows-per-part", type=int, default=JOB_DEFAULTS["rows_per_part"],
+                        help="rows per part file (default %(default)s)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def job_spec_from(args: argparse.Namespace, stage: StageConfig, **fields):
+    """The ``JobSpec`` the job and distributed flags ask for (``fields``: the rest of it)."""
+    from batchgen_data.errors import BatchGenError
+
+    if args.rows_per_part < 1 or args.workers < 1:
+        raise BatchGenError(f"--rows-per-part and --workers must be >= 1, got {args.rows_per_part} and {args.workers}")
+    return JobSpec(stage=stage, rows_per_part=args.rows_per_part, workers=args.workers, address=args.address,
+                   batch_size=args.batch_size, max_concurrent_batches=args.max_concurrent_batches,
+                   cpus_per_worker=args.cpus_per_worker, show_progress=not args.no_progress,
+                   overwrite=args.overwrite, **fields)
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:

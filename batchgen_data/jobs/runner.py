@@ -34,6 +34,7 @@ from batchgen_data.jobs.files import (
     write_part,
 )
 from batchgen_data.jobs.inputs import BadInput, JobInputs, discover_inputs, scan_inputs
+from batchgen_data.jobs.job_spec import JobSpec
 from batchgen_data.jobs.interrupt import run_interruptible
 from batchgen_data.jobs.manifest import JobManifest, job_options
 from batchgen_data.jobs.progress import JobProgress
@@ -46,24 +47,6 @@ from batchgen_data.operators.rows import StageConfig
 logger = logging.getLogger(__name__)
 
 _PART_COLUMN, _ROW_COLUMN = "__batchgen_part", "__batchgen_row"
-
-
-@dataclass(slots=True)
-class JobSpec:
-    input: Path
-    output: Path
-    stage: StageConfig
-    rows_per_part: int = 256
-    output_format: str = "parquet"
-    workers: int = 1
-    address: str | None = None
-    batch_size: int = 64
-    max_concurrent_batches: int = 4
-    cpus_per_worker: float | None = None
-    show_progress: bool = True
-    encoding: str | None = None  # of JSONL and CSV inputs; None: UTF-8
-    skip_bad_files: bool = False  # process the readable files instead of stopping on a bad one
-    overwrite: bool = False  # start over in an OUTPUT that holds another job's parts
 
 
 @dataclass(slots=True)

@@ -20,8 +20,8 @@ from batchgen_data import Engine, EngineConfig, SamplingParams
 from batchgen_data.jobs.cli import main
 
 openai_types = pytest.importorskip("openai.types")
-from openai.types import Completion, CreateEmbeddingResponse  # noqa: E402
-from openai.types.chat import ChatCompletion  # noqa: E402
+from openai.types import Completion, CreateEmbeddingResponse
+from openai.types.chat import ChatCompletion
 
 ENGINE_ARGS = ["--max-num-seqs", "32", "--no-progress"]
 SCHEMA = {"type": "object", "properties": {"label": {"type": "string", "enum": ["late", "broken"]}},

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import filecmp
 import json
 import os
@@ -30,11 +31,11 @@ import pyarrow.parquet as pq
 from batchgen_data.errors import ConfigError
 from batchgen_data.jobs.files import OutputPathError, atomic_write_bytes, locked_output
 from batchgen_data.jobs.inputs import InputFilesError, check_input
+from batchgen_data.jobs.job_spec import JobSpec
 from batchgen_data.jobs.openai_batch.requests import EMBEDDINGS, BatchLine, LineError, read_line
 from batchgen_data.jobs.openai_batch.responses import error_output, response_output
-from batchgen_data.jobs.runner import JobSpec, run_job
+from batchgen_data.jobs.runner import run_job
 from batchgen_data.jobs.usage import JobUsage
-from batchgen_data.operators.rows import StageConfig
 
 # Columns of the rows files besides the prompt and params ones: where each row's result goes.
 LINE, INDEX = "openai_line", "openai_index"
@@ -45,22 +46,14 @@ _RESULT_COLUMNS = [LINE, INDEX, "generated_text", "finish_reason", "num_input_to
 
 @dataclass(slots=True)
 class BatchSpec:
-    """A ``run-batch`` job: ``stage`` holds the model, engine and chat-template settings (its
-    task and sampling params are set per line); ``max_tokens`` is for lines that give none."""
+    """A ``run-batch`` job. ``job`` is how its ``run`` jobs run: its ``input`` is the batch file
+    (or a folder of them), its ``output`` the output file, its ``stage`` the model, engine and
+    chat-template settings (the task and sampling params are set per line); ``max_tokens`` is
+    for lines that give none."""
 
-    input: Path
-    output: Path
-    stage: StageConfig
+    job: JobSpec
     max_tokens: int = 16
     served_model_names: tuple[str, ...] = ()
-    rows_per_part: int = 256
-    workers: int = 1
-    address: str | None = None
-    batch_size: int = 64
-    max_concurrent_batches: int = 4
-    cpus_per_worker: float | None = None
-    show_progress: bool = True
-    overwrite: bool = False
     keep_parts: bool = False
 
 
@@ -82,13 +75,14 @@ def usage_path(output: Path) -> Path:
 
 def run_batch(spec: BatchSpec) -> BatchSummary:
     start = time.perf_counter()
-    files = _input_files(spec.input)
-    if spec.output.is_dir():
-        raise OutputPathError(f"OUTPUT {spec.output} is a folder; run-batch writes one JSONL file")
-    work = work_folder(spec.output)
-    if spec.output.exists() and not work.exists() and not spec.overwrite:
-        raise OutputPathError(f"{spec.output} exists; pass --overwrite to write it again")
-    models = spec.served_model_names or _model_names(spec.stage.model)
+    output = spec.job.output
+    files = _input_files(spec.job.input)
+    if output.is_dir():
+        raise OutputPathError(f"OUTPUT {output} is a folder; run-batch writes one JSONL file")
+    work = work_folder(output)
+    if output.exists() and not work.exists() and not spec.job.overwrite:
+        raise OutputPathError(f"{output} exists; pass --overwrite to write it again")
+    models = spec.served_model_names or _model_names(spec.job.stage.model)
     with locked_output(work):
         counts = _write_rows(files, work, models, spec.max_tokens)
         usage = JobUsage()
@@ -98,7 +92,7 @@ def run_batch(spec: BatchSpec) -> BatchSummary:
         summary = BatchSummary(usage=usage)
         _write_output(files, work, models, spec, summary)
     usage.wall_s = time.perf_counter() - start
-    summary.usage_path = usage_path(spec.output)
+    summary.usage_path = usage_path(output)
     atomic_write_bytes(summary.usage_path, (json.dumps(
         {"requests": summary.num_requests, "failed_requests": summary.num_failed, **usage.to_dict()},
         indent=2) + "\n").encode())
@@ -153,17 +147,14 @@ def _write_rows(files: list[Path], work: Path, models: tuple[str, ...], max_toke
     temporary name, kept only where it differs: a rerun's files are the same files)."""
     counts = {"generate": 0, "embed": 0}
     tmp = {task: work / f".tmp-{task}.jsonl" for task in counts}
-    outs = {task: open(path, "w", encoding="utf-8") for task, path in tmp.items()}
-    try:
+    with contextlib.ExitStack() as stack:
+        outs = {task: stack.enter_context(open(path, "w", encoding="utf-8")) for task, path in tmp.items()}
         for line in _lines(files, models, max_tokens):
             task = "embed" if line.url == EMBEDDINGS else "generate"
             for index, row in enumerate(line.rows):
                 record = {LINE: line.line, INDEX: index, "custom_id": line.custom_id, **row}
                 outs[task].write(json.dumps(record, sort_keys=True, ensure_ascii=False) + "\n")
                 counts[task] += 1
-    finally:
-        for out in outs.values():
-            out.close()
     for task, path in tmp.items():
         final = work / f"{task}.jsonl"
         if not counts[task]:
@@ -177,12 +168,10 @@ def _write_rows(files: list[Path], work: Path, models: tuple[str, ...], max_toke
 
 
 def _job(spec: BatchSpec, work: Path, task: str) -> JobSpec:
-    stage = replace(spec.stage, task_type=task, prompt_column=None, prompt_template=None,
+    stage = replace(spec.job.stage, task_type=task, prompt_column=None, prompt_template=None,
                     json_columns=_JSON_COLUMNS, should_continue_on_error=True)
-    return JobSpec(input=work / f"{task}.jsonl", output=work / task, stage=stage, rows_per_part=spec.rows_per_part,
-                   output_format="parquet", workers=spec.workers, address=spec.address, batch_size=spec.batch_size,
-                   max_concurrent_batches=spec.max_concurrent_batches, cpus_per_worker=spec.cpus_per_worker,
-                   show_progress=spec.show_progress, overwrite=spec.overwrite)
+    return replace(spec.job, input=work / f"{task}.jsonl", output=work / task, stage=stage, output_format="parquet",
+                   encoding=None, skip_bad_files=False)
 
 
 def _results(folder: Path) -> Iterator[dict]:
@@ -195,9 +184,10 @@ def _results(folder: Path) -> Iterator[dict]:
 def _write_output(files: list[Path], work: Path, models: tuple[str, ...], spec: BatchSpec,
                   summary: BatchSummary) -> None:
     results = {"generate": _results(work / "generate"), "embed": _results(work / "embed")}
-    job_id = spec.output.name
+    output = spec.job.output
+    job_id = output.name
     created = int(time.time())
-    tmp = spec.output.with_name(f".tmp-{spec.output.name}")
+    tmp = output.with_name(f".tmp-{output.name}")
     try:
         with open(tmp, "w", encoding="utf-8") as out:
             for line in _lines(files, models, spec.max_tokens):
@@ -215,7 +205,7 @@ def _write_output(files: list[Path], work: Path, models: tuple[str, ...], spec: 
                 out.write(json.dumps(record, ensure_ascii=False) + "\n")
             out.flush()
             os.fsync(out.fileno())
-        os.replace(tmp, spec.output)
+        os.replace(tmp, output)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
