@@ -19,9 +19,12 @@ from batchgen_data.operators.rows import StageConfig
 from batchgen_data.operators.stage import finish_batch, prepare_batch
 
 from batchgen_data.engine.engine import Engine
+from batchgen_data.heap import HeapTrimmer
 
 # One engine per (model, engine config) per process, created on first use.
 _ENGINES: dict[tuple[int, str], Engine] = {}
+# This process's heap trims, after batches (heap.py); datasets' forked workers each have their own copy.
+_HEAP = HeapTrimmer()
 # The process that imported this module; datasets' num_proc workers are forks of it.
 _IMPORT_PID = os.getpid()
 
@@ -65,6 +68,7 @@ class BatchGenMap:
             outputs = engine.generate(prepared.prompts, prepared.params)
             results = [RowResult.from_output(out) for out in outputs]
             decode = partial(engine.tokenizer.decode, skip_special_tokens=False)
+            _HEAP.maybe_trim()  # what the batch's steps freed, back to the OS (heap.py)
         return finish_batch(prepared, results, self.config, decode)
 
     def __getstate__(self) -> dict:

@@ -23,6 +23,7 @@ from batchgen_data.operators.stats_report import write_stats_report
 from batchgen_data.engine.async_engine import AsyncEngine
 from batchgen_data.engine.engine import Engine
 from batchgen_data.errors import EngineDeadError
+from batchgen_data.heap import HeapTrimmer
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +92,7 @@ class BatchGenOperator:
 
             self.rebalancer = RebalanceClient(self.engine, repr(self.config), lease_timeout_s,
                                               membership)
+        self._heap = HeapTrimmer()
         self._rows_in_flight = 0
         self._peak_rows_in_flight = 0
         self._num_calls = 0
@@ -110,6 +112,7 @@ class BatchGenOperator:
                               partial(self.engine.engine.tokenizer.decode, skip_special_tokens=False))
         if self.stats_dir is not None:
             write_stats_report(self.stats_dir, self.engine.engine, self.rebalance_stats())
+        self._heap.maybe_trim()  # what the batch's steps freed, back to the OS (heap.py)
         return output
 
     async def _generate(self, prepared: PreparedBatch) -> list[RowResult]:

@@ -19,6 +19,7 @@ FLOORS = {
     "config": 0,  # every config: the engine's, vLLM's engine arguments, Ray Data LLM's processor and stages
     "paths": 0,
     "hardware": 0,  # the CPU's name, for cache keys and benchmark reports
+    "heap": 0,  # giving freed heap memory back to the OS (glibc's malloc_trim)
     "model": 1,
     "engine": 2,
     "distributed": 3,
