@@ -3,43 +3,57 @@ trimmer keeps to its interval."""
 
 from __future__ import annotations
 
-import ctypes
-import os
+import json
+import subprocess
 import sys
 
 import pytest
 
-from batchgen_data.heap import HeapTrimmer, trim_heap
+from batchgen_data.heap import HeapTrimmer
 
 glibc = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
 
+# Run in a fresh process: in a large one (torch loaded, many threads) glibc may serve these
+# blocks from mmap or from another arena, and the heap's state is the other tests' as well.
+_FRAGMENT_AND_TRIM = """
+import ctypes, json, os
+from batchgen_data.heap import trim_heap
 
-def _rss_mib() -> float:
+def rss_mib():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+big, pins = [], []
+for _ in range(3000):  # 64 KiB blocks (below the mmap threshold), each followed by a small live block
+    block = libc.malloc(64 << 10)
+    libc.memset(block, 1, 64 << 10)  # resident
+    big.append(block)
+    pins.append(libc.malloc(64))
+for block in big:
+    libc.free(block)
+fragmented = rss_mib()
+trimmed = TRIM and trim_heap()
+print(json.dumps({"fragmented": fragmented, "after": rss_mib(), "trimmed": trimmed}))
+"""
+
+
+def _fragment(trim: bool) -> dict:
+    code = _FRAGMENT_AND_TRIM.replace("TRIM and", f"{trim} and")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 @glibc
 def test_a_trim_returns_free_pages_pinned_between_live_blocks():
-    libc = ctypes.CDLL("libc.so.6")
-    libc.malloc.restype = ctypes.c_void_p
-    libc.free.argtypes = [ctypes.c_void_p]
-    libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
-    big, pins = [], []
-    for _ in range(3000):  # 64 KiB blocks (below the mmap threshold), each followed by a small live block
-        block = libc.malloc(64 << 10)
-        libc.memset(block, 1, 64 << 10)  # resident
-        big.append(block)
-        pins.append(libc.malloc(64))
-    for block in big:
-        libc.free(block)
-    fragmented = _rss_mib()
-    try:
-        assert trim_heap()
-        assert _rss_mib() < fragmented - 100  # ~190 MiB of free pages between the pins go back
-    finally:
-        for pin in pins:
-            libc.free(pin)
+    untrimmed = _fragment(trim=False)
+    assert untrimmed["after"] > untrimmed["fragmented"] - 20  # freed, but pinned: still resident
+    trimmed = _fragment(trim=True)
+    assert trimmed["trimmed"]
+    assert trimmed["after"] < trimmed["fragmented"] - 100  # ~190 MiB of free pages between the pins go back
 
 
 def test_the_trimmer_trims_at_most_once_per_interval():
