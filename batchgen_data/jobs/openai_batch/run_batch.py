@@ -30,10 +30,11 @@ import pyarrow.parquet as pq
 
 from batchgen_data.errors import ConfigError
 from batchgen_data.jobs.files import OutputPathError, atomic_write_bytes, locked_output
-from batchgen_data.jobs.inputs import InputFilesError, check_input
+from batchgen_data.jobs.inputs import InputFilesError, check_input, discover_inputs
 from batchgen_data.jobs.job_spec import JobSpec
 from batchgen_data.jobs.openai_batch.requests import EMBEDDINGS, BatchLine, LineError, read_line
 from batchgen_data.jobs.openai_batch.responses import error_output, response_output
+from batchgen_data.jobs.readers import input_kind
 from batchgen_data.jobs.runner import run_job
 from batchgen_data.jobs.usage import JobUsage
 
@@ -102,13 +103,11 @@ def run_batch(spec: BatchSpec) -> BatchSummary:
 
 
 def _input_files(path: Path) -> list[Path]:
-    if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.suffix == ".jsonl" and not p.name.startswith((".", "_")))
-        if not files:
-            raise InputFilesError(f"{path} holds no .jsonl files")
-    else:
-        files = [path]
-    bad = [f"{f}: {reason}" for f in files if (reason := check_input(f)) is not None]
+    """``run``'s discovery (a file, or a folder's entries but hidden ones), each a readable
+    JSONL file, or every bad one listed."""
+    files = discover_inputs(path)
+    bad = [f"{f}: {reason}" for f in files
+           if (reason := check_input(f) or (None if input_kind(f) == "jsonl" else "not a JSONL file")) is not None]
     if bad:
         raise InputFilesError("input files cannot be read:\n  " + "\n  ".join(bad))
     return files
