@@ -11,6 +11,11 @@ keeps it flat.
 
     python benchmarks/input_memory.py --rows 10000,100000 --columns 10 --bytes 5000
 
+``--format parquet --compressible`` writes the input as Parquet whose strings are a 1 KB random
+chunk repeated (Snappy then stores them in ~1/50 of their size): 100,000 rows of 10 x 50 KB
+strings are ~48 GiB in memory, as the job holds them, but ~1 GiB on disk in and out, which fits
+a disk that 48 GiB of JSONL in and Parquet out would not.
+
 ``--pythonpath DIR`` runs another tree's code (a ``git worktree`` of an earlier commit) for a
 before/after. Writes OUTPUT (default ``docs/results/input-memory-cpu.json``).
 """
@@ -32,14 +37,41 @@ from pathlib import Path
 from batchgen_data.hardware import cpu_model
 
 
-def write_input(path: Path, num_rows: int, num_columns: int, num_bytes: int) -> None:
+def write_input(path: Path, num_rows: int, num_columns: int, num_bytes: int, compressible: bool = False) -> None:
     rng = random.Random(0)
-    blocks = ["".join(rng.choices(string.ascii_letters + " ", k=num_bytes)) for _ in range(64)]
+    if compressible:
+        chunks = ["".join(rng.choices(string.ascii_letters + " ", k=1000)) for _ in range(64)]
+        blocks = [(chunk * (num_bytes // 1000 + 1))[:num_bytes] for chunk in chunks]
+    else:
+        blocks = ["".join(rng.choices(string.ascii_letters + " ", k=num_bytes)) for _ in range(64)]
+    if path.suffix == ".parquet":
+        _write_parquet(path, num_rows, num_columns, blocks)
+        return
     with open(path, "w") as f:
         for i in range(num_rows):
             row = {"id": i, "prompt": f"Ticket {i}: the parcel arrived late."}
             row.update({f"text{c}": blocks[(i + c) % len(blocks)] for c in range(num_columns)})
             f.write(json.dumps(row) + "\n")
+
+
+def _write_parquet(path: Path, num_rows: int, num_columns: int, blocks: list[str], group: int = 256) -> None:
+    """The same rows as Parquet, a row group at a time (the whole table would not fit in memory)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    writer = None
+    try:
+        for start in range(0, num_rows, group):
+            ids = range(start, min(num_rows, start + group))
+            columns = {"id": list(ids), "prompt": [f"Ticket {i}: the parcel arrived late." for i in ids]}
+            columns.update({f"text{c}": [blocks[(i + c) % len(blocks)] for i in ids] for c in range(num_columns)})
+            table = pa.table(columns)
+            if writer is None:
+                writer = pq.ParquetWriter(path, table.schema)
+            writer.write_table(table)
+    finally:
+        if writer is not None:
+            writer.close()
 
 
 def run_job(input_path: Path, output: Path, pythonpath: str | None, rows_per_part: int, kv_bytes: int) -> dict:
@@ -69,6 +101,9 @@ def main() -> None:
     parser.add_argument("--rows", default="10000,100000")
     parser.add_argument("--columns", type=int, default=10)
     parser.add_argument("--bytes", type=int, default=5000)
+    parser.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl", help="the input file's format")
+    parser.add_argument("--compressible", action="store_true",
+                        help="strings of a 1 KB chunk repeated: the same bytes in memory, ~1/50 of them on disk")
     parser.add_argument("--rows-per-part", type=int, default=256)
     parser.add_argument("--kv-cache-memory-bytes", type=int, default=256 * 2**20,
                         help="the engine's KV pool: its pages become resident as blocks are first used, "
@@ -81,11 +116,12 @@ def main() -> None:
     results = []
     try:
         for num_rows in [int(n) for n in args.rows.split(",")]:
-            path = workdir / f"in-{num_rows}.jsonl"
-            write_input(path, num_rows, args.columns, args.bytes)
+            path = workdir / f"in-{num_rows}.{args.format}"
+            write_input(path, num_rows, args.columns, args.bytes, args.compressible)
             result = run_job(path, workdir / f"out-{num_rows}", args.pythonpath, args.rows_per_part,
                              args.kv_cache_memory_bytes)
-            result.update(rows=num_rows, input_mib=round(path.stat().st_size / 2**20, 1))
+            result.update(rows=num_rows, input_mib=round(path.stat().st_size / 2**20, 1),
+                          strings_mib=round(num_rows * args.columns * args.bytes / 2**20, 1))
             path.unlink()
             shutil.rmtree(workdir / f"out-{num_rows}")
             write_input(path, num_rows, 0, 0)
@@ -99,7 +135,8 @@ def main() -> None:
             shutil.rmtree(workdir / f"out-{num_rows}")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    report = {"cpu": cpu_model(), "columns": args.columns, "bytes": args.bytes,
+    report = {"cpu": cpu_model(), "columns": args.columns, "bytes": args.bytes, "format": args.format,
+              "compressible": args.compressible,
               "rows_per_part": args.rows_per_part, "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
               "pythonpath": args.pythonpath, "results": results}
     args.output.parent.mkdir(parents=True, exist_ok=True)
