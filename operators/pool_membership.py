@@ -10,7 +10,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from batchgen_data.distributed.coordinator import coordinator_name
+from batchgen_data.rebalance.ray_actor import coordinator_name
 from batchgen_data.hardware import ComputeShare, usable_cpus
 
 

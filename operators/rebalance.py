@@ -59,31 +59,36 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import pickle
 import time
 import uuid
 from collections import deque
-from itertools import islice
 from dataclasses import asdict
+from itertools import islice
 
-from batchgen_data.operators.restart import exit_for_restart
 from batchgen_data.operators.columns import RowResult
-
-from batchgen_data.distributed.coordinator import (NAMESPACE, LeasedItem, LeaseReply, find_coordinator,
-                                                   get_or_create_coordinator)
-from batchgen_data.operators.local_first import EngineRoom, full_length, rows_here
-from batchgen_data.operators.pool_membership import PoolMembership, engine_compute, new_worker_id, stage_coordinator_name
+from batchgen_data.operators.pool_membership import (
+    PoolMembership,
+    engine_compute,
+    new_worker_id,
+    stage_coordinator_name,
+)
 from batchgen_data.operators.rebalance_stats import RebalanceStats
-from batchgen_data.engine.core.progress import SeqProgress
+from batchgen_data.operators.restart import exit_for_restart
+
+from batchgen_data.engine.async_engine import AsyncEngine, MigratedOut
 from batchgen_data.engine.migration.calibration_cache import load_or_calibrate
 from batchgen_data.engine.migration.costs import MigrationCosts
-from batchgen_data.engine.migration.planner import Move, WorkerProgress
-from batchgen_data.engine.async_engine import AsyncEngine, MigratedOut
 from batchgen_data.engine.migration.engine_probe import EngineProbe
 from batchgen_data.engine.sampling_params import SamplingParams
 from batchgen_data.errors import EngineDeadError
 from batchgen_data.paths import cache_dir
+from batchgen_data.rebalance.coordinator import LeasedItem, LeaseReply
+from batchgen_data.rebalance.core.local_first import EngineRoom, full_length, rows_here
+from batchgen_data.rebalance.core.move_rule import Move
+from batchgen_data.rebalance.core.progress import SeqProgress, WorkerProgress
+from batchgen_data.rebalance.core.worker_room import slots_freeing_soon
+from batchgen_data.rebalance.ray_actor import NAMESPACE, find_coordinator, get_or_create_coordinator
 
 logger = logging.getLogger(__name__)
 
@@ -364,7 +369,7 @@ class RebalanceClient:
                 continue
             progress = self._progress()
             step_s = self._step_s(progress)
-            soon, wake_s = self._slots_freeing_soon(progress.seqs, step_s)
+            soon, wake_s = slots_freeing_soon(progress.seqs, step_s, self._call_s, _MAX_HOLD_S)
             # One consistent snapshot of the engine (published after its last step) plus the
             # items leased since that it had not accepted yet: counting live counters against
             # an older snapshot would lease twice for slots already refilled. Slots whose
@@ -441,20 +446,6 @@ class RebalanceClient:
         if model is not None and running:
             self._step_s_hint = model.step_s(running)
         return self._step_s_hint
-
-    def _slots_freeing_soon(self, seqs, step_s: float) -> tuple[int, float]:
-        """Running sequences whose budget ends within one lease round trip (their slots can be
-        leased for now), and the seconds until the next one gets that close (a sequence not
-        started yet counts as starting at the next step: at the latest it ends then)."""
-        lead = 1 + math.ceil(self._call_s / step_s) if step_s > 0 else 1
-        soon, wake_s = 0, _MAX_HOLD_S
-        for seq in seqs:
-            left = seq.num_tokens_left + (0 if seq.started else 1)
-            if seq.started and left <= lead:
-                soon += 1
-            else:
-                wake_s = min(wake_s, max(1, left - lead) * step_s)
-        return soon, wake_s
 
     async def _lease(self, coordinator, room: int, progress: WorkerProgress, wait_s: float) -> LeaseReply:
         started = time.monotonic()

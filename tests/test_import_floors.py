@@ -1,6 +1,8 @@
 """The package's layers import downward only, and no modules import each other in a circle.
 
-Floors, top to bottom: jobs -> operators -> distributed -> engine -> model -> config, errors, paths.
+Floors, top to bottom: jobs -> operators -> rebalance -> engine -> model, rebalance.core -> config,
+errors, paths. A sub-package may have a floor of its own (``rebalance.core``, the pure rebalancing
+policy, sits below the engine, whose expert-parallel driver asks its move rule).
 Every import counts, at module level or inside a function (a lazy import is still a dependency).
 The package root ``batchgen_data/__init__.py`` is the public facade and may re-export any floor.
 """
@@ -20,9 +22,11 @@ FLOORS = {
     "paths": 0,
     "hardware": 0,  # the CPU's name, for cache keys and benchmark reports
     "heap": 0,  # giving freed heap memory back to the OS (glibc's malloc_trim)
+    "budget": 0,  # a sequence's tokens left: one rule for the scheduler and the rebalancer
     "model": 1,
+    "rebalance.core": 1,  # the rebalancing policy: pure Python, floor 0 only
     "engine": 2,
-    "distributed": 3,
+    "rebalance": 3,  # the coordinator, its Ray actor, the simulator
     "operators": 4,
     "jobs": 5,
     "processor": 5,  # Ray Data LLM's processor API over the operator
@@ -48,11 +52,24 @@ def _modules() -> dict[str, Path]:
     return found
 
 
-def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """The package modules ``name`` imports, resolved to modules (``from pkg import mod`` -> mod)."""
+def _nodes(tree: ast.AST, runtime_only: bool):
+    """Every node of ``tree``; with ``runtime_only``, not those under ``if TYPE_CHECKING:``."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        if runtime_only and isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            stack.extend(node.orelse)
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path], runtime_only: bool = False) -> set[str]:
+    """The package modules ``name`` imports, resolved to modules (``from pkg import mod`` -> mod);
+    with ``runtime_only``, not the type-only ones (``if TYPE_CHECKING:``: never executed)."""
     is_package = path.name == "__init__.py"
     targets = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in _nodes(ast.parse(path.read_text()), runtime_only):
         if isinstance(node, ast.Import):
             candidates = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -79,13 +96,17 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
 
 
 def _floor(module: str) -> int | None:
-    parts = module.split(".")
-    return FLOORS.get(parts[1]) if len(parts) > 1 else None
+    """The floor of the longest part of ``module``'s path that has one."""
+    parts = module.split(".")[1:]
+    for end in range(len(parts), 0, -1):
+        if ".".join(parts[:end]) in FLOORS:
+            return FLOORS[".".join(parts[:end])]
+    return None
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph(runtime_only: bool = False) -> dict[str, set[str]]:
     modules = _modules()
-    return {name: _imports(name, path, modules) for name, path in modules.items()}
+    return {name: _imports(name, path, modules, runtime_only) for name, path in modules.items()}
 
 
 def test_every_package_part_has_a_floor():
@@ -105,7 +126,7 @@ def test_imports_go_downward_only():
 
 
 def test_no_import_cycles():
-    graph = _graph()
+    graph = _graph(runtime_only=True)  # a type-only import runs no code: no cycle at run time
     # A package's own __init__ re-exporting its children is not a cycle with them: Python runs
     # the parent first either way. Drop child -> ancestor-package edges before the search.
     edges = {m: {t for t in ts if not m.startswith(t + ".") and (m, t) not in ALLOWED_UPWARD} for m, ts in graph.items()}
@@ -152,7 +173,27 @@ def test_the_work_pool_coordinator_imports_without_torch():
     # The coordinator is its own Ray actor process, started while the operator actors load their
     # models: importing torch there costs every rebalanced job ~1.5 s of CPU at start-up.
     code = (
-        "import sys; import batchgen_data.distributed.coordinator;"
+        "import sys; import batchgen_data.rebalance.ray_actor;"
         "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:3]"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_rebalancing_core_imports_neither_torch_nor_ray():
+    # rebalance/core/ is the policy the simulator runs at 128 actors: every module of it, and the
+    # simulator, in a process that has neither.
+    code = (
+        "import sys, pkgutil, importlib, batchgen_data.rebalance.core as core;"
+        "names = [m.name for m in pkgutil.iter_modules(core.__path__)]; assert 'pool' in names, names;"
+        "[importlib.import_module('batchgen_data.rebalance.core.' + n) for n in names];"
+        "import batchgen_data.rebalance.simulate.run;"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'ray'));"
+        "assert not bad, bad[:5]"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_rebalance_modules_stay_short():
+    long = {str(p.relative_to(REPO)): n for p in (REPO / "batchgen_data" / "rebalance").rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 300}
+    assert not long, f"modules over 300 lines: {long}"

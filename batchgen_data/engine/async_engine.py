@@ -25,7 +25,7 @@ from types import MappingProxyType
 
 from batchgen_data.engine.core.sequence import EXPORTABLE, SequenceState
 from batchgen_data.engine.engine import Engine
-from batchgen_data.engine.migration.planner import Move
+from batchgen_data.rebalance.core.move_rule import Move
 from batchgen_data.engine.outputs import GenerationOutput
 from batchgen_data.engine.pooling_params import PoolingParams
 from batchgen_data.engine.request_handle import RequestHandle

@@ -271,7 +271,7 @@ def test_async_migrate_out_moves_exactly_the_planned_requests(reference):
     import asyncio
 
     from batchgen_data.engine.async_engine import AsyncEngine, MigratedOut
-    from batchgen_data.engine.migration.planner import Move
+    from batchgen_data.rebalance.core.move_rule import Move
 
     folder, prompts, _, refs = reference
     source, target = (AsyncEngine(Engine(folder, EngineConfig(block_size=8))) for _ in range(2))

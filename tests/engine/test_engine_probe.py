@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from batchgen_data.engine.migration.engine_probe import EngineProbe, ProbeSnapshot
-from batchgen_data.engine.migration.step_model import StepSums
+from batchgen_data.rebalance.core.step_model import StepSums
 from batchgen_data.engine.step_report import StepReport
 
 
@@ -77,7 +77,7 @@ def test_the_snapshot_is_the_live_requests_of_one_step_read_when_asked():
     work on the engine thread); the reader builds their progress when it asks, each request from
     its one latest record, running ones first, and a request that finished since reads as gone."""
     from batchgen_data.engine.core.sequence import SequenceStatus
-    from batchgen_data.engine.migration.step_model import StepModel
+    from batchgen_data.rebalance.core.step_model import StepModel
 
     probe, engine = EngineProbe(), _engine()
     probe.calibrate(StepModel(0.01, 0.002))

@@ -11,7 +11,7 @@ import pytest
 from pool_helpers import InProcessCoordinator
 
 from batchgen_data import Engine, EngineConfig, SamplingParams
-from batchgen_data.operators.local_first import EngineRoom, full_length, rows_here
+from batchgen_data.rebalance.core.local_first import EngineRoom, full_length, rows_here
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -26,9 +26,10 @@ def test_rows_here_are_the_longest_that_fit_the_free_slots_and_kv():
 
 
 def test_a_batch_runs_on_its_engine_until_rows_would_queue_then_the_pool_takes_the_rest(demo_path, monkeypatch):
-    from batchgen_data.distributed.coordinator import Coordinator
-    from batchgen_data.engine.async_engine import AsyncEngine
     import batchgen_data.operators.rebalance as rebalance
+
+    from batchgen_data.engine.async_engine import AsyncEngine
+    from batchgen_data.rebalance.coordinator import Coordinator
 
     coordinator = Coordinator(lease_timeout_s=5.0)
     started = []

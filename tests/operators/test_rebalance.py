@@ -106,7 +106,7 @@ def test_tail_sequences_move_between_engines_and_continue_exactly(ray_cluster, d
     the moved rows continue where they stopped."""
     import torch
 
-    from batchgen_data.distributed.coordinator import Coordinator
+    from batchgen_data.rebalance.coordinator import Coordinator
 
     rows = _rows()
     engine_config = _engine_config(demo_path)
@@ -152,7 +152,7 @@ def _tokens(results) -> list[list[int]]:
 def test_equal_batches_of_two_calls_get_their_own_samples(ray_cluster, demo_path):
     """Two calls with the same rows (unseeded, sampled) are two batches: each gets samples of
     its own, not a copy of the other's."""
-    from batchgen_data.distributed.coordinator import Coordinator
+    from batchgen_data.rebalance.coordinator import Coordinator
 
     coordinator = Coordinator(lease_timeout_s=5.0)
     pool = coordinator.pool
@@ -175,7 +175,7 @@ def test_equal_batches_of_two_calls_get_their_own_samples(ray_cluster, demo_path
 def test_a_cancelled_call_leaves_nothing_in_the_pool(ray_cluster, demo_path):
     """A batch whose caller was cancelled mid-run: its items and results leave the pool (nobody
     will ever take them), while the work already running finishes and is dropped."""
-    from batchgen_data.distributed.coordinator import Coordinator
+    from batchgen_data.rebalance.coordinator import Coordinator
 
     coordinator = Coordinator(lease_timeout_s=5.0)
     pool = coordinator.pool
@@ -211,7 +211,7 @@ def test_the_stage_pool_starts_only_when_rows_would_queue(ray_cluster, demo_path
     with more rows than its engine has running slots starts the stage's pool, which runs the
     rows that would have queued (issue #33: a coordinator started as the actors load delayed
     their first step by 0.4-0.6 s on 2 cores, where nothing could be gained)."""
-    from batchgen_data.distributed.coordinator import find_coordinator
+    from batchgen_data.rebalance.ray_actor import find_coordinator
     from batchgen_data.operators.pool_membership import stage_coordinator_name
     from batchgen_data.operators.rows import StageConfig
 

@@ -4,11 +4,11 @@ scripted reports, no model, no Ray)."""
 
 from __future__ import annotations
 
+from batchgen_data.hardware import ComputeShare
 from batchgen_data.rebalance.core.compute import adds_compute, joining
 from batchgen_data.rebalance.core.pool import WorkPool
 from batchgen_data.rebalance.core.progress import SeqProgress, WorkerProgress
 from batchgen_data.rebalance.core.step_model import StepModel, StepSums
-from batchgen_data.hardware import ComputeShare
 
 _CPU = ComputeShare("node-1", cpu_threads=1, node_cpus=2)  # the skew grid's actors: 1 thread, 2 cores
 

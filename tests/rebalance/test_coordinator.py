@@ -11,10 +11,10 @@ import time
 import pytest
 from pool_helpers import InProcessCoordinator, StalledEngine
 
+from batchgen_data.engine.sampling_params import SamplingParams
 from batchgen_data.rebalance.coordinator import Coordinator
 from batchgen_data.rebalance.core.progress import SeqProgress, WorkerProgress
 from batchgen_data.rebalance.core.step_model import StepModel, StepSums
-from batchgen_data.engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.timeout(60)
 

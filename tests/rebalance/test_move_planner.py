@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from batchgen_data.rebalance.core.lengths import OutputLengths
 from batchgen_data.rebalance.core.move_rule import Move, MoveMargin, plan_moves
-from batchgen_data.rebalance.core.progress import WorkerProgress, SeqProgress
+from batchgen_data.rebalance.core.progress import SeqProgress, WorkerProgress
 from batchgen_data.rebalance.core.replay import finish_s, replay
 from batchgen_data.rebalance.core.step_model import StepModel, StepSums, fit_line
 

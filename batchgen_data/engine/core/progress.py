@@ -5,8 +5,9 @@ process imports it.
   scheduler, or an expert-parallel rank's). The engine applies it to the caller's
   ``RequestHandle``; the scheduler's ``Sequence`` record never leaves the scheduler.
   ``ProgressPublisher`` picks which records an executor publishes after a step.
-- ``SeqProgress`` / ``EngineProgress``: an engine's live requests as the rebalancer weighs moving
-  them (``migration/engine_probe.py`` builds them from the handles after every step).
+- ``EngineProgress``: an engine's live requests as ``SeqProgress`` (``rebalance/core/progress.py``),
+  as the rebalancer weighs moving them (``migration/engine_probe.py`` builds them from the handles
+  after every step).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from batchgen_data.engine.core.budget import tokens_left
+from batchgen_data.budget import tokens_left
 from batchgen_data.engine.core.sequence import SequenceStatus
+from batchgen_data.rebalance.core.progress import SeqProgress
 
 if TYPE_CHECKING:
     from batchgen_data.engine.core.request import NewRequest
@@ -80,24 +82,6 @@ class ProgressPublisher:
         left = [seq for seq in self._watched if seq.status in _LEFT_WATCHED]
         self._watched = [*running, *compiling]
         return [RequestProgress.of(seq) for seq in left] + [RequestProgress.of(seq) for seq in self._watched]
-
-
-@dataclass(frozen=True, slots=True)
-class SeqProgress:
-    """One live sequence of an engine."""
-
-    num_generated: int
-    max_tokens: int
-    num_tokens: int  # prompt plus output: the KV a move ships or the receiver recomputes
-    started: bool  # running or suspended (False: waiting, nothing computed yet)
-    movable: bool = True
-    running: bool = True  # in the running set now (False: waiting, or suspended for KV memory)
-    request_id: int = -1  # the engine's id for it: what a planned move names (-1: not known)
-
-    @property
-    def num_tokens_left(self) -> int:
-        """Tokens it may still generate (its ``max_tokens`` budget left)."""
-        return tokens_left(self.max_tokens, self.num_generated)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from batchgen_data.engine.core.budget import tokens_left
+from batchgen_data.budget import tokens_left
 from batchgen_data.engine.pooling_params import PoolingParams
 from batchgen_data.engine.sampling_params import SamplingParams
 

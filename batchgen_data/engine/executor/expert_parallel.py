@@ -29,21 +29,23 @@ import os
 from collections.abc import Callable
 
 from batchgen_data.config import EngineConfig
-from batchgen_data.engine.executor.comm_time import split_comm_time
-from batchgen_data.engine.executor.rank_backend import start_rank_group
-from batchgen_data.engine.core.progress import RequestProgress, SeqProgress
+from batchgen_data.engine.core.progress import RequestProgress
 from batchgen_data.engine.core.request import NewRequest
 from batchgen_data.engine.core.sequence import SequenceState, SequenceStatus
 from batchgen_data.engine.executor.base import ExecutorStep
+from batchgen_data.engine.executor.comm_time import split_comm_time
+from batchgen_data.engine.executor.rank_backend import start_rank_group
 from batchgen_data.engine.executor.rank_protocol import RankCommand, RankLoad, StepResult
 from batchgen_data.engine.migration.costs import RANK_TRANSFER_BYTES_PER_S, MigrationCosts
-from batchgen_data.engine.migration.planner import WorkerProgress, finish_s, plan_moves
-from batchgen_data.engine.migration.step_model import StepModel
 from batchgen_data.engine.stats import EngineStats, RankStats
 from batchgen_data.engine.step_report import StepReport
 from batchgen_data.errors import BatchGenError, ConfigError
 from batchgen_data.model.config import ModelConfig
 from batchgen_data.model.moe.store import ExpertShard
+from batchgen_data.rebalance.core.move_rule import plan_moves
+from batchgen_data.rebalance.core.progress import SeqProgress, WorkerProgress
+from batchgen_data.rebalance.core.replay import finish_s
+from batchgen_data.rebalance.core.step_model import StepModel
 
 # A sequence moves between ranks at most this often (bounds ping-pong at the tail).
 _MAX_RANK_MOVES = 2

@@ -18,13 +18,13 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from batchgen_data.engine.migration.step_model import (
+from batchgen_data.engine.sampling_params import SamplingParams
+from batchgen_data.rebalance.core.step_model import (
     CALIBRATION_MAX_S,
     StepModel,
     calibrate,
     calibration_sizes,
 )
-from batchgen_data.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from batchgen_data.engine.engine import Engine

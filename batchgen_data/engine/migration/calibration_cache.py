@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from batchgen_data.engine.migration.calibration import Calibration, calibrate_engine
-from batchgen_data.engine.migration.step_model import StepModel, calibration_sizes
 from batchgen_data.paths import write_cache_file
+from batchgen_data.rebalance.core.step_model import StepModel, calibration_sizes
 
 if TYPE_CHECKING:
     from batchgen_data.engine.engine import Engine

@@ -22,10 +22,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from batchgen_data.engine.core.progress import EngineProgress, SeqProgress
+from batchgen_data.engine.core.progress import EngineProgress
 from batchgen_data.engine.core.sequence import EXPORTABLE, SequenceStatus
 from batchgen_data.engine.migration.costs import MigrationCosts
-from batchgen_data.engine.migration.step_model import StepModel, StepSums
+from batchgen_data.rebalance.core.progress import SeqProgress
+from batchgen_data.rebalance.core.step_model import StepModel, StepSums
 
 if TYPE_CHECKING:
     from batchgen_data.engine.async_engine import AsyncEngine, LiveRequest

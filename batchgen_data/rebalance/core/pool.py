@@ -53,6 +53,7 @@ class WorkPool:
         self.last_heard: dict[str, float] = {}  # worker -> last call of any kind (who is alive)
         self.loads: dict[str, Load] = {}
         self.last_gave: dict[str, float] = {}
+        self.planned_receivers: dict[str, frozenset] = {}  # giver -> the receivers of its last tail plan
         self.membership = Members(lease_timeout_s)
         self.num_reports = 0  # load reports received (a tail plan changes only with them, or the clock)
         self.prefixes: dict[str, OrderedDict] = {}  # worker -> prefix keys it leased lately
@@ -155,7 +156,7 @@ class WorkPool:
         """The earliest time at which this pool could answer ``worker`` differently with no event
         in between (a given-back item no longer kept from it, its give-back cooldown over, a
         member no longer waited for); None if nothing is timed."""
-        times = [self.items[i].not_for_until for i in self.pending if self.items[i].not_for == worker]
+        times = [self.items[i].not_for_until for i in self.pending if leasing.kept_from(self.items[i], worker, now)]
         if worker in self.last_gave:
             times.append(self.last_gave[worker] + PARTITION_COOLDOWN_S)
         times += self.membership.waited_until_times()
@@ -190,6 +191,7 @@ class WorkPool:
         del self.leases[item_id]
         item.state, item.num_generated = state, num_generated
         item.not_for, item.not_for_until = worker, now + _GIVEN_BACK_RESERVE_S
+        item.meant_for = self.planned_receivers.get(worker, frozenset())
         item.num_moves += 1
         self.pending.appendleft(item_id)
         self.last_gave[worker] = now

@@ -1,0 +1,42 @@
+"""The work pool's records: a batch, a worker's last load report, a lease, and the counters.
+Plain data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from batchgen_data.rebalance.core.progress import WorkerProgress
+
+
+@dataclass(slots=True)
+class Batch:
+    owner: str
+    item_ids: list[str]
+
+
+@dataclass(slots=True)
+class Load:
+    progress: WorkerProgress  # the worker's last load report
+    seen: float
+    leased_since: list = field(default_factory=list)  # items leased to it with or after that report
+
+
+@dataclass(slots=True)
+class Lease:
+    worker: str
+    deadline: float
+
+
+@dataclass(slots=True)
+class PoolCounters:
+    num_submitted: int = 0
+    num_completed: int = 0
+    num_moved: int = 0  # completed by a worker other than the owner
+    num_requeued: int = 0  # leases returned after a worker death or expiry (work redone)
+    num_duplicates_dropped: int = 0
+    num_migrated: int = 0  # sequences given back at the tail, to be continued elsewhere
+    num_moves_planned: int = 0  # sequences the tail plans named (each one is given back)
+    num_moves_declined: int = 0  # tail plans whose estimated gain missed the margin (nothing moved)
+    num_batches_dropped: int = 0  # batches whose waiter was gone (caller gave up, owner dead)
+    num_members_at_first_lease: int = 0  # how many workers the pool's first lease shared the work over
+    leased_by_worker: dict = field(default_factory=dict)

@@ -1,0 +1,5 @@
+import sys
+
+from batchgen_data.rebalance.simulate.cli import main
+
+sys.exit(main())
