@@ -492,7 +492,7 @@ class RebalanceClient:
             self.stats.migrated_out_bytes += _kv_bytes(out.state)
             try:
                 await self._handle().give_back.remote(self.worker_id, item_id, _pack(out.state),
-                                                      len(out.state.output_token_ids))
+                                                      len(out.state.output_token_ids), out.state.request_id)
             except Exception as err:  # the lease expires and the item is redone from its start
                 logger.warning("could not give a sequence back to the work pool: %s", err)
             return

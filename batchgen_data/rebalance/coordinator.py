@@ -24,8 +24,8 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from dataclasses import asdict, dataclass, field
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from batchgen_data.rebalance.core.move_rule import Move
@@ -200,9 +200,12 @@ class Coordinator:
         self._woken.add(worker)
         self._notify()
 
-    async def give_back(self, worker: str, item_id: str, state: Any, num_generated: int) -> bool:
+    async def give_back(self, worker: str, item_id: str, state: Any, num_generated: int,
+                        request_id: int | None = None) -> bool:
+        """A sequence ``worker`` gave back (``WorkPool.give_back``; ``request_id``: its engine's id
+        for it, as the tail plan named it)."""
         self._touch()
-        accepted = self.pool.give_back(worker, item_id, state, num_generated, self.clock())
+        accepted = self.pool.give_back(worker, item_id, state, num_generated, self.clock(), request_id)
         self._slot_freed(worker)
         self._notify()
         return accepted

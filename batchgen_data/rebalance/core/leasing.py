@@ -169,7 +169,7 @@ def _room(pool: WorkPool, owner: str) -> int:
 
 def kept_from(item: WorkItem, worker: str, now: float) -> bool:
     """A sequence given back a moment ago is kept from the worker that gave it back, and from
-    every worker but the receivers its move was planned for, until ``not_for_until``."""
+    every worker but the receiver its move was planned for, until ``not_for_until``."""
     if now >= item.not_for_until:
         return False
-    return item.not_for == worker or (bool(item.meant_for) and worker not in item.meant_for)
+    return item.not_for == worker or (item.meant_for is not None and worker != item.meant_for)

@@ -147,6 +147,8 @@ def plan_moves(giver: WorkerProgress, receivers: Sequence[WorkerProgress], lengt
             kept = [i for i in staying if i not in chosen]
             cost = cost_s(chosen)
             landed = replay(work[j], receivers[j].run_slots, model, [left[i] for i in chosen], cost)
+            if _score(max(landed))[0] > best[0]:
+                break  # the receiver alone now ends later than the best so far, and more work only later
             giver_s = finish_s([left[i] for i in kept], slots, model)
             score = _score(max(giver_s, max(landed)), giver_s, sum(left[i] for i in kept))
             if score >= best:

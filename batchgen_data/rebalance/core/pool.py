@@ -53,12 +53,13 @@ class WorkPool:
         self.last_heard: dict[str, float] = {}  # worker -> last call of any kind (who is alive)
         self.loads: dict[str, Load] = {}
         self.last_gave: dict[str, float] = {}
-        self.planned_receivers: dict[str, frozenset] = {}  # giver -> the receivers of its last tail plan
+        self.planned_moves: dict[str, dict[int, str]] = {}  # giver -> request id -> receiver, its last tail plan
         self.membership = Members(lease_timeout_s)
         self.num_reports = 0  # load reports received (a tail plan changes only with them, or the clock)
         self.prefixes: dict[str, OrderedDict] = {}  # worker -> prefix keys it leased lately
         self.lengths = OutputLengths()  # the job's finished output lengths, by max_tokens
         self.counters = PoolCounters()
+        self._next_expiry = -math.inf  # no lease expires before this (``expire``)
 
     # -- owners ---------------------------------------------------------------------------------
 
@@ -180,10 +181,13 @@ class WorkPool:
         """The sequences ``worker`` should give back at the tail (``tail.plan_give_back``)."""
         return tail.plan_give_back(self, worker, now)
 
-    def give_back(self, worker: str, item_id: str, state: Any, num_generated: int, now: float) -> bool:
+    def give_back(self, worker: str, item_id: str, state: Any, num_generated: int, now: float,
+                  request_id: int | None = None) -> bool:
         """End a lease with the sequence's exported state: the item is pending again, to be
-        continued by another worker. False (state dropped) if the lease is no longer this
-        worker's: it expired and the item is already pending or running elsewhere."""
+        continued by another worker, kept for the receiver its move was planned for (by the
+        giver engine's ``request_id``, as the plan named it) for a while. False (state dropped)
+        if the lease is no longer this worker's: it expired and the item is already pending or
+        running elsewhere."""
         lease = self.leases.get(item_id)
         if lease is None or lease.worker != worker or item_id in self.results:
             return False
@@ -191,7 +195,7 @@ class WorkPool:
         del self.leases[item_id]
         item.state, item.num_generated = state, num_generated
         item.not_for, item.not_for_until = worker, now + _GIVEN_BACK_RESERVE_S
-        item.meant_for = self.planned_receivers.get(worker, frozenset())
+        item.meant_for = self.planned_moves.get(worker, {}).pop(request_id, None)
         item.num_moves += 1
         self.pending.appendleft(item_id)
         self.last_gave[worker] = now
@@ -244,7 +248,14 @@ class WorkPool:
         return len(lost)
 
     def expire(self, now: float) -> int:
+        """Leases past their deadline go back to pending. Deadlines are set ``lease_timeout_s``
+        after a call and only move later, so none expires before the earliest one seen at the
+        last scan (``_next_expiry``): a lease call's check is O(1) until then."""
+        if now <= self._next_expiry:
+            return 0
         expired = [i for i, lease in self.leases.items() if lease.deadline < now]
+        self._next_expiry = min((lease.deadline for lease in self.leases.values() if lease.deadline >= now),
+                                default=now)
         for item_id in expired:
             del self.leases[item_id]
             self.pending.appendleft(item_id)

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 # load reports must catch up first, or the pool would over-give): with the planner's gain
 # margin, the time half of the hysteresis.
 PARTITION_COOLDOWN_S = 1.0
+# A tail plan weighs at most this many receivers, or twice the sequences it could move if more.
+_MIN_RECEIVERS = 8
 
 
 def _unreported(item: WorkItem, tokens_left: float) -> SeqProgress:
@@ -46,27 +48,41 @@ def plan_give_back(pool: WorkPool, worker: str, now: float) -> list[Move]:
     me = pool.loads.get(worker)
     if pool.pending or me is None or now - pool.last_gave.get(worker, -1e9) < PARTITION_COOLDOWN_S:
         return []
+    movable = sum(1 for s in me.progress.seqs if s.movable)
+    if not movable:
+        return []  # nothing it could give (most calls at the tail: idle receivers)
     alive = {w: load for w, load in pool.loads.items() if w == worker or pool.is_alive(w, now)}
     pooled = StepSums()
     for load in alive.values():
         pooled = pooled.merged(load.progress.step)
     model = pooled.fit()
     incoming = _moving_to(pool, now)
-    reports = {w: _report_now(pool, w, load, now, model, incoming.get(w, ())) for w, load in alive.items()}
     busy = busy_workers(pool) | {worker}
-    takers = sorted(w for w, p in reports.items()
-                    if w != worker and p.free_slots > 0 and pool.membership.takes_work(w, now))
+    takers = sorted(w for w, load in alive.items()
+                    if w != worker and load.progress.free_slots > 0 and pool.membership.takes_work(w, now))
     joined = joining(takers, compute_shares(pool, now), busy)  # an idle one only where it adds compute
-    names = [w for w in takers if w in busy or w in joined]
+    # The least loaded of them (by their last reports' tokens left, and what is moving to them):
+    # the rule serves the soonest-finishing receivers first, and each takes at most its free
+    # slots, so a few more than the sequences it could move are enough (and keep a plan's cost
+    # independent of the stage's size).
+    names = sorted((w for w in takers if w in busy or w in joined),
+                   key=lambda w: _load_tokens(alive[w].progress, incoming.get(w, ())))[:max(_MIN_RECEIVERS, 2 * movable)]
+    reports = {w: _report_now(pool, w, alive[w], now, model, incoming.get(w, ())) for w in [worker, *names]}
+    names = [w for w in names if reports[w].free_slots > 0]
     receivers = [reports[w] for w in names]
     if not receivers or not any(s.movable for s in reports[worker].seqs):
         return []
     plan = plan_moves(reports[worker], receivers, pool.lengths, model)
-    pool.planned_receivers[worker] = frozenset(names[m.receiver] for m in plan.moves)
+    pool.planned_moves[worker] = {m.request_id: names[m.receiver] for m in plan.moves}
     pool.counters.num_moves_planned += plan.count
     if not plan.count and plan.missed_s > 0:
         pool.counters.num_moves_declined += 1
     return list(plan.moves)
+
+
+def _load_tokens(report: WorkerProgress, incoming) -> float:
+    """A worker's outstanding tokens by its last report, and those moving to it."""
+    return sum(s.num_tokens_left for s in report.seqs) + sum(item.max_tokens - item.num_generated for item in incoming)
 
 
 def _moving_to(pool: WorkPool, now: float) -> dict[str, list[WorkItem]]:
@@ -76,9 +92,8 @@ def _moving_to(pool: WorkPool, now: float) -> dict[str, list[WorkItem]]:
     incoming: dict[str, list[WorkItem]] = {}
     for item_id in pool.pending:
         item = pool.items[item_id]
-        if item.meant_for and now < item.not_for_until:
-            for worker in item.meant_for:
-                incoming.setdefault(worker, []).append(item)
+        if item.meant_for is not None and now < item.not_for_until:
+            incoming.setdefault(item.meant_for, []).append(item)
     return incoming
 
 

@@ -44,9 +44,10 @@ class WorkItem:
     num_moves: int = 0
     not_for: str | None = None  # the worker that gave it back does not lease it again ...
     not_for_until: float = 0.0  # ... for a while (then anyone may: no item waits on a gone worker)
-    # The receivers the move rule chose for it: until ``not_for_until`` only they lease it (a busy
-    # worker with one slot free must not take a sequence moved off a busy worker to an idle one).
-    meant_for: frozenset = frozenset()
+    # The receiver the move rule chose for it: until ``not_for_until`` only it leases it (a busy
+    # worker with one slot free must not take a sequence moved off a busy worker to an idle one,
+    # nor one receiver all the sequences a plan spread over several).
+    meant_for: str | None = None
     prefix: Any = None  # ``prefix_key(prompt)``: cache affinity
 
     @property

@@ -255,7 +255,7 @@ class Simulation:
         if moves:
             for seq in engine.take({m.request_id for m in moves}):
                 if not pool.give_back(engine.name, seq.item_id, seq.num_tokens if seq.started else None,
-                                      seq.num_generated, self.now):
+                                      seq.num_generated, self.now, seq.request_id):
                     raise RuntimeError(f"the pool refused a planned give-back of {seq.item_id}")
                 self.moves += 1
                 self.moved_tokens += seq.num_tokens if seq.started else 0
