@@ -42,7 +42,7 @@ def lease(pool: WorkPool, worker: str, max_items: int, now: float, progress: Wor
     pool.expire(now)
     pool.last_heard[worker] = now
     if progress is not None:
-        pool.loads[worker] = Load(progress, now)
+        pool.set_load(worker, Load(progress, now))
         pool.num_reports += 1
     members = pool.members(now) | {worker}
     if not pool.membership.last_seen:
@@ -59,7 +59,8 @@ def lease(pool: WorkPool, worker: str, max_items: int, now: float, progress: Wor
     # Longest first (by estimated tokens left), the worker's own items first among equals:
     # long rows start early and overlap with short ones instead of forming the job's tail
     # (longest-processing-time-first, the classic makespan rule for parallel machines).
-    cost = {i: pool.cost(pool.items[i]) for i in (*pool.pending, *pool.leases)}
+    items, tokens_left = pool.items, pool.lengths.tokens_left  # ``pool.cost``, inlined: every lease asks it of every item
+    cost = {i: tokens_left(items[i].num_generated, items[i].max_tokens) + 1 for i in (*pool.pending, *pool.leases)}
     reserved = _reserved_for_owners(pool, worker, cost, now)
     leasable = [i for i in pool.pending if not kept_from(pool.items[i], worker, now) and i not in reserved
                 and (joins or free_for(pool.items[i], worker))]

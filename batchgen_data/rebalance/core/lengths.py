@@ -27,8 +27,10 @@ class _LengthWindow:
         self.sum_all = 0
         self._count = [0] * (self.size + 1)
         self._total = [0] * (self.size + 1)
+        self.estimates: dict[int, float] = {}  # num_generated -> tokens left, until the next record
 
     def record(self, length: int) -> None:
+        self.estimates.clear()
         length = min(max(length, 0), self.size - 1)
         self.window.append(length)
         self._add(length, 1)
@@ -80,10 +82,17 @@ class OutputLengths:
         """Expected tokens still to come: the mean remaining length of finished rows (same
         ``max_tokens``) that outlived ``num_generated``; the ``max_tokens`` bound while fewer than
         a handful did (a sequence longer than all its finished peers may run to its limit)."""
-        bound = budget.tokens_left(max_tokens, num_generated)
         window = self._by_max.get(int(max_tokens))
         if window is None:
-            return float(bound)
+            return float(budget.tokens_left(max_tokens, num_generated))
+        estimate = window.estimates.get(num_generated)
+        if estimate is None:  # the pool asks for every outstanding item at every lease: memoized
+            estimate = window.estimates[num_generated] = self._estimate(window, num_generated, max_tokens)
+        return estimate
+
+    @staticmethod
+    def _estimate(window: _LengthWindow, num_generated: int, max_tokens: int) -> float:
+        bound = budget.tokens_left(max_tokens, num_generated)
         count, total = window.longer_than(num_generated)
         if count < _MIN_LENGTH_SAMPLES:
             return float(bound)

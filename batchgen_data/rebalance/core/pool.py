@@ -35,6 +35,7 @@ from batchgen_data.rebalance.core.members import Members
 from batchgen_data.rebalance.core.move_rule import Move
 from batchgen_data.rebalance.core.pool_state import Batch, Lease, Load, PoolCounters
 from batchgen_data.rebalance.core.progress import WorkerProgress
+from batchgen_data.rebalance.core.step_model import StepSums
 from batchgen_data.rebalance.core.tail import PARTITION_COOLDOWN_S
 from batchgen_data.rebalance.core.work_item import WorkItem, prefix_key
 
@@ -60,6 +61,8 @@ class WorkPool:
         self.lengths = OutputLengths()  # the job's finished output lengths, by max_tokens
         self.counters = PoolCounters()
         self._next_expiry = -math.inf  # no lease expires before this (``expire``)
+        self.step_total = StepSums()  # every recorded report's step sums, added up (``set_load``)
+        self.renewed: dict[str, float] = {}  # worker -> its last heartbeat (its leases last from then)
 
     # -- owners ---------------------------------------------------------------------------------
 
@@ -125,6 +128,16 @@ class WorkPool:
         the ``members`` from then on."""
         self.membership.register(worker, now, ready, load_s)
         self.last_heard[worker] = max(now, self.last_heard.get(worker, now))
+
+    def set_load(self, worker: str, load: Load | None) -> None:
+        """Record a worker's latest load report (None: forget it), keeping ``step_total``, the
+        sum of every recorded report's ``StepSums``, in step."""
+        old = self.loads.pop(worker, None)
+        if old is not None:
+            self.step_total = self.step_total.minus(old.progress.step)
+        if load is not None:
+            self.loads[worker] = load
+            self.step_total = self.step_total.merged(load.progress.step)
 
     def members(self, now: float) -> set[str]:
         """The workers the outstanding work is shared among (``Members.current``)."""
@@ -204,10 +217,10 @@ class WorkPool:
 
 
     def heartbeat(self, worker: str, now: float) -> None:
+        """``worker`` is alive: every lease of its lasts until a lease timeout from now (its
+        leases' deadlines are read through ``renewed``, so this is O(1) however many it holds)."""
         self.last_heard[worker] = now
-        for lease in self.leases.values():
-            if lease.worker == worker:
-                lease.deadline = now + self.lease_timeout_s
+        self.renewed[worker] = max(now, self.renewed.get(worker, now))
 
     def complete(self, worker: str, item_id: str, result: Any, num_generated: int | None = None) -> bool:
         """Record a result (``num_generated``: its output length, learned for estimates);
@@ -236,7 +249,7 @@ class WorkPool:
 
     def worker_died(self, worker: str) -> int:
         """Its leases go back to pending, and its own batches leave (nobody will take them)."""
-        self.loads.pop(worker, None)
+        self.set_load(worker, None)
         self.membership.forget(worker)
         for key in [key for key, batch in self.batches.items() if batch.owner == worker]:
             self.forget_batch(key)
@@ -247,14 +260,19 @@ class WorkPool:
         self.counters.num_requeued += len(lost)
         return len(lost)
 
+    def _deadline(self, lease: Lease) -> float:
+        """When a lease expires: a lease timeout after it was granted or its worker's last
+        heartbeat, whichever is later."""
+        return max(lease.deadline, self.renewed.get(lease.worker, -math.inf) + self.lease_timeout_s)
+
     def expire(self, now: float) -> int:
         """Leases past their deadline go back to pending. Deadlines are set ``lease_timeout_s``
         after a call and only move later, so none expires before the earliest one seen at the
         last scan (``_next_expiry``): a lease call's check is O(1) until then."""
         if now <= self._next_expiry:
             return 0
-        expired = [i for i, lease in self.leases.items() if lease.deadline < now]
-        self._next_expiry = min((lease.deadline for lease in self.leases.values() if lease.deadline >= now),
+        expired = [i for i, lease in self.leases.items() if self._deadline(lease) < now]
+        self._next_expiry = min((d for lease in self.leases.values() if (d := self._deadline(lease)) >= now),
                                 default=now)
         for item_id in expired:
             del self.leases[item_id]

@@ -19,6 +19,7 @@ class Load:
     progress: WorkerProgress  # the worker's last load report
     seen: float
     leased_since: list = field(default_factory=list)  # items leased to it with or after that report
+    tokens_left: float | None = None  # its sequences' tokens left by that report (``tail``: computed once)
 
 
 @dataclass(slots=True)

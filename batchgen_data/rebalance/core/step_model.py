@@ -106,6 +106,13 @@ class StepSums:
                         self.nt + other.nt, max(self.num_skipped, other.num_skipped), self.cal_w + other.cal_w,
                         self.cal_base_s + other.cal_base_s, self.cal_per_seq_s + other.cal_per_seq_s)
 
+    def minus(self, other: StepSums) -> StepSums:
+        """These sums without ``other``'s (one merged in earlier): ``merged``'s inverse, so a
+        running total over many workers replaces one worker's sums in O(1)."""
+        return StepSums(self.w - other.w, self.n - other.n, self.nn - other.nn, self.t - other.t,
+                        self.nt - other.nt, self.num_skipped, self.cal_w - other.cal_w,
+                        self.cal_base_s - other.cal_base_s, self.cal_per_seq_s - other.cal_per_seq_s)
+
     @property
     def calibrated(self) -> StepModel | None:
         """The mean calibrated line of the engines merged in; None if none was calibrated."""

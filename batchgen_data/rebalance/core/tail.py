@@ -12,7 +12,6 @@ from batchgen_data.rebalance.core.leasing import busy_workers, compute_shares
 from batchgen_data.rebalance.core.move_rule import Move, plan_moves
 from batchgen_data.rebalance.core.pool_state import Load
 from batchgen_data.rebalance.core.progress import SeqProgress, WorkerProgress
-from batchgen_data.rebalance.core.step_model import StepSums
 from batchgen_data.rebalance.core.work_item import WorkItem
 
 if TYPE_CHECKING:
@@ -52,10 +51,7 @@ def plan_give_back(pool: WorkPool, worker: str, now: float) -> list[Move]:
     if not movable:
         return []  # nothing it could give (most calls at the tail: idle receivers)
     alive = {w: load for w, load in pool.loads.items() if w == worker or pool.is_alive(w, now)}
-    pooled = StepSums()
-    for load in alive.values():
-        pooled = pooled.merged(load.progress.step)
-    model = pooled.fit()
+    model = _pooled_model(pool, alive)
     incoming = _moving_to(pool, now)
     busy = busy_workers(pool) | {worker}
     takers = sorted(w for w, load in alive.items()
@@ -66,7 +62,7 @@ def plan_give_back(pool: WorkPool, worker: str, now: float) -> list[Move]:
     # slots, so a few more than the sequences it could move are enough (and keep a plan's cost
     # independent of the stage's size).
     names = sorted((w for w in takers if w in busy or w in joined),
-                   key=lambda w: _load_tokens(alive[w].progress, incoming.get(w, ())))[:max(_MIN_RECEIVERS, 2 * movable)]
+                   key=lambda w: _load_tokens(alive[w], incoming.get(w, ())))[:max(_MIN_RECEIVERS, 2 * movable)]
     reports = {w: _report_now(pool, w, alive[w], now, model, incoming.get(w, ())) for w in [worker, *names]}
     names = [w for w in names if reports[w].free_slots > 0]
     receivers = [reports[w] for w in names]
@@ -80,9 +76,21 @@ def plan_give_back(pool: WorkPool, worker: str, now: float) -> list[Move]:
     return list(plan.moves)
 
 
-def _load_tokens(report: WorkerProgress, incoming) -> float:
+def _pooled_model(pool: WorkPool, alive: dict[str, Load]):
+    """The stage's step model: the alive workers' calibrated lines at their measured level
+    (their ``StepSums`` merged: the pool's running total, less the workers not alive now)."""
+    pooled = pool.step_total
+    for worker, load in pool.loads.items():
+        if worker not in alive:
+            pooled = pooled.minus(load.progress.step)
+    return pooled.fit()
+
+
+def _load_tokens(load: Load, incoming) -> float:
     """A worker's outstanding tokens by its last report, and those moving to it."""
-    return sum(s.num_tokens_left for s in report.seqs) + sum(item.max_tokens - item.num_generated for item in incoming)
+    if load.tokens_left is None:
+        load.tokens_left = sum(s.num_tokens_left for s in load.progress.seqs)
+    return load.tokens_left + sum(item.max_tokens - item.num_generated for item in incoming)
 
 
 def _moving_to(pool: WorkPool, now: float) -> dict[str, list[WorkItem]]:

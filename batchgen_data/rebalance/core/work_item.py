@@ -49,11 +49,11 @@ class WorkItem:
     # nor one receiver all the sequences a plan spread over several).
     meant_for: str | None = None
     prefix: Any = None  # ``prefix_key(prompt)``: cache affinity
+    max_tokens: int = 0  # ``params["max_tokens"]``, read at every lease: kept as a field
+
+    def __post_init__(self):
+        self.max_tokens = int(self.params["max_tokens"])
 
     @property
     def movable(self) -> bool:
         return self.num_moves < _MAX_MOVES
-
-    @property
-    def max_tokens(self) -> int:
-        return int(self.params["max_tokens"])
