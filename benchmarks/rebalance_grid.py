@@ -123,7 +123,7 @@ def main() -> None:
     parser.add_argument("--only", default=None, help="comma-separated scenario names")
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--block-rows", type=int, default=64)
-    parser.add_argument("--tasks-in-flight", type=int, default=2)
+    parser.add_argument("--tasks-in-flight", type=int, default=4, help="Ray Data's default max_tasks_in_flight_per_actor")
     parser.add_argument("--step-model", type=Path, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("docs/results"))

@@ -244,6 +244,41 @@ def run_case(ray, scenario: Scenario, rows: list[dict], rebalance: bool, stats_d
             "actors": actors}
 
 
+def predicted(scenario: Scenario, rows: list[dict], pair: dict) -> dict:
+    """The pair's two runs as the simulator predicts them (``python -m
+    batchgen_data.rebalance.simulate``: the real pool policy over modelled actors): the step
+    model the rebalanced run's actors calibrated at start-up (their mean line), start-up as the
+    actors measured it in each run (engine start to first step), the scenario's blocks, running
+    set and calls in flight. ``level`` is the same with the line scaled to the run's median
+    step (the other actor on the same cores slows every step: the level the job ran at)."""
+    from batchgen_data.rebalance.simulate.model import ActorModel
+    from batchgen_data.rebalance.simulate.run import SimConfig, simulate
+    from batchgen_data.rebalance.simulate.scenario import Row
+
+    cal = [a for a in pair["on"]["actors"] if a["calibrated_base_s"] + a["calibrated_per_seq_s"] > 0]
+    if not cal:
+        return {}
+    base = statistics.fmean(a["calibrated_base_s"] for a in cal)
+    per_seq = statistics.fmean(a["calibrated_per_seq_s"] for a in cal)
+    sim_rows = [Row(len(r["prompt"]) // 4 + 1, r["sampling_params"]["max_tokens"], r["sampling_params"]["max_tokens"])
+                for r in rows]
+    out = {"calibrated_base_s": base, "calibrated_per_seq_s": per_seq}
+    for side in ("off", "on"):
+        run = pair[side]
+        startup = statistics.fmean(a["first_step_s"] for a in run["actors"] if a["first_step_s"] is not None)
+        config = SimConfig(scenario.actors, scenario.running_set, scenario.block_size, _CONCURRENCY, side == "on")
+        model = ActorModel(base_s=base, per_seq_s=per_seq, startup_s=startup)
+        out[f"{side}_s"] = simulate(sim_rows, config, model).makespan_s
+        # the level: the calibrated line scaled to this run's median step at its mean running set
+        running = [n for a in run["actors"] for _, n, _ in a["timeline"]]
+        expected = base + per_seq * statistics.fmean(running) if running else 0.0
+        factor = run["median_step_s"] / expected if expected > 0 else 1.0
+        leveled = ActorModel(base_s=base * factor, per_seq_s=per_seq * factor, startup_s=startup)
+        out[f"{side}_level_s"] = simulate(sim_rows, config, leveled).makespan_s
+        out[f"{side}_measured_s"] = run["wall_s"]
+    return out
+
+
 def _kill_coordinators(ray) -> None:
     """End the stage's coordinator: the next rebalanced run starts its own, as a new job would."""
     for actor in ray.util.list_named_actors(all_namespaces=True):
@@ -266,7 +301,7 @@ def where_time_went(report: dict, job_start: float, wall: float) -> dict:
         "first_step_s": at[0] - steps[0]["step_s"] if steps else None, "last_step_s": at[-1] if steps else None,
         "idle_gap_s": sum(g for g in gaps if g > _IDLE_GAP_S), "idle_fraction": max(0.0, 1 - busy / wall),
         "calibration_s": reb.get("calibration_s", 0.0), "calibration_cached": reb.get("calibration_cached", False),
-        "calibrated_per_seq_s": reb.get("calibrated_per_seq_s", 0.0),
+        "calibrated_base_s": reb.get("calibrated_base_s", 0.0), "calibrated_per_seq_s": reb.get("calibrated_per_seq_s", 0.0),
         "pool_calls": reb.get("num_pool_calls", 0), "pool_call_s": reb.get("pool_call_s", 0.0),
         "pool_held_s": reb.get("pool_held_s", 0.0), "leased": reb.get("num_leased", 0),
         "local_batches": reb.get("num_local_batches", 0),
@@ -360,6 +395,8 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--expert-parallel-size", type=int, default=1,
                         help="N > 1: each engine actor runs N Ray-placed expert-parallel ranks, which divide "
                              "the CPUs evenly (engine_setup); the scenario's max_num_seqs is split over them")
+    parser.add_argument("--simulate", action="store_true",
+                        help="also predict each run with the rebalancing simulator (calibration: predicted vs measured)")
     parser.add_argument("--out", type=Path, default=Path("runs/skew"))
     parser.add_argument("--from-json", type=Path, help="render the tables of an earlier run's skew.json; run nothing")
     args = parser.parse_args(argv)
@@ -398,8 +435,14 @@ def main(argv=None) -> list[dict]:
                     pair[side] = run_case(ray, scenario, rows, rebalance and not args.aa, stats_dir,
                                           args.expert_parallel_size)
                 off, on = pair["off"], pair["on"]
+                if args.simulate:
+                    pair["predicted"] = predicted(scenario, rows, pair)
                 print(f"{scenario.name} pair {k}: off {off['wall_s']:.1f} s (span {off['span_s']:.1f}), "
-                      f"on {on['wall_s']:.1f} s (span {on['span_s']:.1f})", flush=True)
+                      f"on {on['wall_s']:.1f} s (span {on['span_s']:.1f})"
+                      + (f"; simulated off {pair['predicted'].get('off_s', 0):.1f} s "
+                         f"(at the run's level {pair['predicted'].get('off_level_s', 0):.1f}), "
+                         f"on {pair['predicted'].get('on_s', 0):.1f} s ({pair['predicted'].get('on_level_s', 0):.1f})"
+                         if args.simulate else ""), flush=True)
                 runs.append(pair)
             result = {"scenario": asdict(scenario), "pairs": runs, "summary": summarize(scenario, runs)}
             results.append(result)

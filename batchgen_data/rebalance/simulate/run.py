@@ -45,7 +45,7 @@ class SimConfig:
     actors: int
     max_num_seqs: int = 256
     block_rows: int = 64
-    tasks_in_flight: int = 2  # Ray Data's max_tasks_in_flight_per_actor (= concurrent calls)
+    tasks_in_flight: int = 4  # max_tasks_in_flight_per_actor (= concurrent calls); Ray Data's default is 4
     rebalance: bool = True
     seed: int = 0
     jitter: float = 0.0  # relative noise on each step's time (seeded)
