@@ -1,5 +1,7 @@
+"""``python -m batchgen_data.rebalance.simulate SCENARIO.jsonl --actors N``."""
 import sys
 
 from batchgen_data.rebalance.simulate.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main())
