@@ -13,7 +13,8 @@ NOTE: how one actor takes part.
     ``calibration_cache.py``).
   * As an owner, ``run_batch`` submits the batch's valid rows to the coordinator and awaits their
     results; it then emits the rows itself (exactly once, in order). Rows it ran outside the
-    pool are not movable: only pooled rows are given back at the tail.
+    pool are movable once the stage has a pool: one a tail plan names enters the pool as it moves
+    (``WorkPool.adopt``, a batch of its own), and the owner awaits its result as a pooled one.
   * As a worker, a background loop leases pool items for the running slots its engine has free
     below ``max_num_seqs``, or about to free (a sequence that reaches its ``max_tokens`` within
     one measured lease round trip), the longest first, its own batches' among equals; runs
@@ -98,6 +99,9 @@ _MAX_INCOMING = 4096
 # The longest a lease call is held open with nothing for this actor (the coordinator caps it at a
 # third of the lease timeout): an idle actor makes one call per this long.
 _MAX_HOLD_S = 5.0
+# How often an actor running rows outside the pool looks for the pool another actor started (a
+# Ray named-actor lookup, ~1 ms): it joins within this of the pool's start, and its rows move.
+_FIND_EVERY_S = 1.0
 
 
 def _kv_bytes(state) -> int:
@@ -143,6 +147,7 @@ class RebalanceClient:
         self._local_kv_tokens = 0  # ... and their estimated KV tokens at their full lengths
         self._local_output_tokens = 0  # ... and their output budgets (max_tokens)
         self._loop_task: asyncio.Task | None = None
+        self._watch_task: asyncio.Task | None = None  # ``_watch_for_pool``, while rows run here without a pool
         self._compute = None  # ``engine_compute``, found at the first load report
         self._tasks: set[asyncio.Task] = set()
         self._coordinator_ok = True
@@ -278,27 +283,72 @@ class RebalanceClient:
         return max(num_seqs, self._local_rows + self._items_in_flight)
 
     def _run_local(self, prompts: list, params: list[SamplingParams], lengths: list[int]) -> asyncio.Future:
-        """Rows on this actor's engine, outside the pool (not movable: the pool never sees them);
-        ``lengths``, their estimated KV tokens at the end (``local_first.full_length``). They
-        count against its room from this call on (its lease loop must not fill their slots)."""
-        output_tokens = sum(sp.max_tokens + 1 for sp in params)
-        self._local_rows += len(prompts)
-        self._local_kv_tokens += sum(lengths)
+        """Rows on this actor's engine, outside the pool; ``lengths``, their estimated KV tokens at
+        the end (``local_first.full_length``). They count against its room from this call on (its
+        lease loop must not fill their slots) until each ends or moves away: once the stage has a
+        pool they are movable, and one a tail plan names enters the pool as it moves
+        (``_adopted``). While they run without a pool, the actor looks for one another actor
+        started (``_watch_for_pool``), so it joins without waiting for its next call."""
+        if self._coordinator is None and self._watch_task is None and self._coordinator_ok:
+            self._watch_task = asyncio.ensure_future(self._watch_for_pool())
+        return asyncio.ensure_future(asyncio.gather(*(self._run_local_row(p, sp, n)
+                                                      for p, sp, n in zip(prompts, params, lengths))))
+
+    async def _watch_for_pool(self) -> None:
+        """Look for the stage's pool every ``_FIND_EVERY_S`` while rows run here without one."""
+        try:
+            await asyncio.sleep(_FIND_EVERY_S)
+            while self._coordinator is None and self._coordinator_ok and self._local_rows:
+                self._find()
+                await asyncio.sleep(_FIND_EVERY_S)
+        finally:
+            self._watch_task = None
+
+    async def _run_local_row(self, prompt, params: SamplingParams, length: int) -> RowResult:
+        output_tokens = params.max_tokens + 1
+        self._local_rows += 1
+        self._local_kv_tokens += length
         self._local_output_tokens += output_tokens
+        try:
+            out = await self.engine.run_one(prompt, params, movable=True, in_pool=False)
+        except EngineDeadError as err:
+            exit_for_restart(err)
+        finally:
+            self._local_rows -= 1
+            self._local_kv_tokens -= length
+            self._local_output_tokens -= output_tokens
+            self._wake_held_lease()  # its slot is free: a call held for want of room asks again
+        if isinstance(out, MigratedOut):  # a tail plan moved it: the pool hands it on
+            return await self._adopted(prompt, params, out.state)
+        return RowResult.from_output(out)
 
-        async def run() -> list[RowResult]:
-            try:
-                outputs = await self.engine.generate(prompts, params) if prompts else []
-            except EngineDeadError as err:
-                exit_for_restart(err)
-            finally:
-                self._local_rows -= len(prompts)
-                self._local_kv_tokens -= sum(lengths)
-                self._local_output_tokens -= output_tokens
-                self._wake_held_lease()  # its slots are free: a call held for want of room asks again
-            return [RowResult.from_output(out) for out in outputs]
-
-        return asyncio.ensure_future(run())
+    async def _adopted(self, prompt, params: SamplingParams, state) -> RowResult:
+        """A row of this actor's, run outside the pool and exported by a planned move: into the
+        pool as a batch of its own (``WorkPool.adopt``), and its result awaited as a pooled
+        batch's. If the pool cannot give it, it goes on here from its exported state."""
+        self.stats.migrated_out_bytes += _kv_bytes(state)
+        batch_key = f"{self.worker_id}/{uuid.uuid4().hex}"
+        results = None
+        try:
+            coordinator = self._handle()
+            await coordinator.adopt.remote(self.worker_id, batch_key, prompt, params.to_dict(), _pack(state),
+                                           len(state.output_token_ids), state.request_id)
+            results = await coordinator.wait_batch.remote(batch_key)
+        except Exception as err:
+            logger.warning("work pool unavailable (%s); running a moved row here", err)
+            self._coordinator_ok = False
+        finally:
+            if results is None:
+                self._forget_batch(batch_key)
+        if results is not None:
+            self.stats.num_adopted += 1
+            return RowResult(**results[0])
+        self.stats.num_fallback_batches += 1
+        try:
+            out = await self.engine.run_one(prompt, params, state=state, movable=False, in_pool=False)
+        except EngineDeadError as err:
+            exit_for_restart(err)
+        return RowResult.from_output(out)
 
     async def _run_pooled(self, prompts: list, params: list[SamplingParams]) -> list[RowResult] | None:
         """Rows through the pool: submitted under a key of this call's own (equal rows in
@@ -428,9 +478,8 @@ class RebalanceClient:
         incoming = tuple(islice(reversed(self._submitted), num_incoming))[::-1]
         if self._compute is None:
             self._compute = engine_compute(self.engine.engine.config)
-        # Rows it runs outside the pool are its engine's unmovable sequences (pooled ones are
-        # movable unless their item says otherwise: few), and those the snapshot does not show yet.
-        local = [s.num_tokens_left + 1 for s in progress.seqs if not s.movable]
+        # Rows it runs outside the pool, as its engine reports them and those the snapshot does not show yet.
+        local = [s.num_tokens_left + 1 for s in progress.seqs if not s.in_pool]
         unseen = max(0, self._local_rows - len(local))
         local_tokens = sum(local) + unseen * self._local_output_tokens // max(1, self._local_rows)
         return WorkerProgress(

@@ -12,6 +12,7 @@ class RebalanceStats:
     num_fallback_batches: int = 0
     num_local_batches: int = 0  # batches run on its own engine while the stage needed no pool
     num_given_back: int = 0  # running sequences this actor handed to others at the tail
+    num_adopted: int = 0  # of them, its own rows run outside the pool, whose results came back through it
     num_continued: int = 0  # sequences started elsewhere that this actor finished
     num_recomputed_tokens: int = 0  # KV rebuilt from tokens in this actor's engine
     idle_s: float = 0.0

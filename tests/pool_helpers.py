@@ -36,6 +36,6 @@ class StalledEngine:
     def add_step_listener(self, listener) -> None:
         pass
 
-    async def run_one(self, prompt, params, state=None, movable=True):
+    async def run_one(self, prompt, params, state=None, movable=True, in_pool=True):
         self.prompts.append(prompt)
         await asyncio.Event().wait()  # never finishes

@@ -51,6 +51,7 @@ class _Submission:
     deliver: Callable[[GenerationOutput | MigratedOut | BaseException], None]
     state: SequenceState | None = None  # continue a sequence exported elsewhere
     movable: bool = False  # ``migrate_out`` may take it away (its caller accepts a MigratedOut)
+    in_pool: bool = True  # False: a row its actor runs outside the stage's work pool (its load report says so)
 
 
 @dataclass(slots=True)
@@ -60,6 +61,7 @@ class LiveRequest:
     handle: RequestHandle
     deliver: Callable
     movable: bool  # ``migrate_out`` may take it away (its caller accepts a MigratedOut)
+    in_pool: bool = True  # False: a row its actor runs outside the stage's work pool
 
 
 # Called on the engine thread after every loop turn: the ``AsyncEngine``, the step's report
@@ -143,10 +145,11 @@ class AsyncEngine:
             yield item
 
     async def run_one(self, prompt, params: SamplingParams | PoolingParams | None, state: SequenceState | None = None,
-                      movable: bool = True) -> GenerationOutput | MigratedOut:
+                      movable: bool = True, in_pool: bool = True) -> GenerationOutput | MigratedOut:
         """One request (or the continuation of an exported ``state``): its output, or, if it is
-        ``movable``, a ``MigratedOut`` when ``migrate_out`` took it away to run elsewhere."""
-        return await self._round_trip(lambda deliver: _Submission(prompt, params, deliver, state, movable))
+        ``movable``, a ``MigratedOut`` when ``migrate_out`` took it away to run elsewhere.
+        ``in_pool=False`` marks a row its actor runs outside the stage's work pool (reported as such)."""
+        return await self._round_trip(lambda deliver: _Submission(prompt, params, deliver, state, movable, in_pool))
 
     async def migrate_out(self, moves: Iterable[Move]) -> int:
         """MIGRATE out exactly the sequences a plan names (``migration/planner.py``); each one's
@@ -255,7 +258,7 @@ class AsyncEngine:
         if handle.is_finished:
             item.deliver(handle.output)
         else:
-            self._live[handle.request_id] = LiveRequest(handle, item.deliver, item.movable)
+            self._live[handle.request_id] = LiveRequest(handle, item.deliver, item.movable, item.in_pool)
 
     def shutdown(self, timeout: float | None = 10.0) -> None:
         """Stop the engine thread (after the work it already has in hand)."""

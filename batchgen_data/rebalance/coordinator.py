@@ -210,6 +210,17 @@ class Coordinator:
         self._notify()
         return accepted
 
+    async def adopt(self, worker: str, batch_key: str, prompt: Any, params: dict, state: Any, num_generated: int,
+                    request_id: int | None = None) -> bool:
+        """A row ``worker`` ran outside the pool and gave back as a planned move: the one item of
+        its batch ``batch_key`` (``WorkPool.adopt``), which ``worker`` then awaits (``wait_batch``)."""
+        self._touch()
+        accepted = self.pool.adopt(worker, batch_key, prompt, params, state, num_generated, self.clock(), request_id)
+        self._done_events.setdefault(batch_key, asyncio.Event())
+        self._slot_freed(worker)
+        self._notify()
+        return accepted
+
     async def complete(self, worker: str, item_id: str, result: Any, num_generated: int | None = None) -> bool:
         self._touch()
         recorded = self.pool.complete(worker, item_id, result, num_generated)

@@ -69,7 +69,7 @@ def _live(request_id: int, status, generated: int = 3, max_tokens: int = 16):
     from batchgen_data.engine.core.progress import RequestProgress
 
     progress = RequestProgress(request_id, status, generated, max_tokens, 10 + generated)
-    return SimpleNamespace(handle=SimpleNamespace(progress=progress), movable=True)
+    return SimpleNamespace(handle=SimpleNamespace(progress=progress), movable=True, in_pool=True)
 
 
 def test_the_snapshot_is_the_live_requests_of_one_step_read_when_asked():

@@ -145,6 +145,67 @@ def test_tail_sequences_move_between_engines_and_continue_exactly(ray_cluster, d
     assert not (pool.batches or pool.items or pool.results)
 
 
+def test_rows_run_before_the_pool_started_move_at_the_tail_and_come_out_once(ray_cluster, demo_path, monkeypatch):
+    """The first engine runs its eight long rows on its own (no pool yet: they would fit its free
+    slots); another actor then starts the stage's pool. The first finds it while its rows run
+    (``_watch_for_pool``), its rows are movable from then on, and the pool has the second engine
+    take some of them at the tail: they enter the pool as they move (``WorkPool.adopt``), continue
+    where they stopped, and each row comes out once, as on one engine."""
+    import torch
+
+    import batchgen_data.operators.rebalance as rebalance
+    from batchgen_data.rebalance.coordinator import Coordinator
+
+    rows = _rows()
+    engine_config = _engine_config(demo_path)
+    expected = _reference(demo_path, rows, engine_config)
+    coordinator = Coordinator(lease_timeout_s=5.0)
+    pool = coordinator.pool
+    pool_started = []
+    monkeypatch.setattr(rebalance, "find_coordinator",
+                        lambda name: InProcessCoordinator(coordinator) if pool_started else None)
+    monkeypatch.setattr(rebalance, "rows_here", lambda lengths, room: list(range(len(lengths))))  # all here
+
+    def params(batch):
+        return [SamplingParams(temperature=0.0, **r["sampling_params"]) for r in batch]
+
+    async def job():
+        from batchgen_data.engine.async_engine import AsyncEngine
+
+        first_engine = AsyncEngine(Engine(demo_path, EngineConfig(**engine_config)))
+        first = rebalance.RebalanceClient(first_engine, "test-stage", 5.0)
+        long_rows, short_rows = rows[:8], rows[8:]
+        second_engine = None
+        try:
+            first_call = asyncio.ensure_future(first.run_batch([r["prompt"] for r in long_rows], params(long_rows)))
+            started = time.monotonic()
+            while len(first.probe.snapshot.progress.seqs) < 8 and time.monotonic() - started < 60.0:
+                await asyncio.sleep(0.02)  # until its engine holds them all (bounded)
+            assert first.stats.num_local_batches == 1 and first._coordinator is None and not pool.items
+            pool_started.append(True)  # another actor of the stage started the pool
+            second, second_engine = _rebalance_client(demo_path, coordinator, engine_config)
+            second_call = second.run_batch([r["prompt"] for r in short_rows], params(short_rows))
+            return await asyncio.gather(first_call, second_call), first, second
+        finally:
+            first_engine.shutdown()
+            if second_engine is not None:
+                second_engine.shutdown()
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the reference (``_reference``) and the fractional-CPU actors
+    try:
+        (first_results, second_results), first, second = asyncio.run(job())
+    finally:
+        torch.set_num_threads(threads)
+    assert _tokens(first_results) + _tokens(second_results) == [expected[r["id"]] for r in rows]
+    assert pool.counters.num_adopted > 0 and first.stats.num_adopted == pool.counters.num_adopted
+    # Each continued from its exported state: on the receiver the plan chose, or, where that one
+    # had no slot free within the reserve (two engines share this process's cores), back here.
+    assert first.stats.num_continued + second.stats.num_continued == pool.counters.num_migrated
+    assert pool.counters.num_moves_planned == pool.counters.num_migrated
+    assert not (pool.batches or pool.items or pool.results)
+
+
 def _tokens(results) -> list[list[int]]:
     return [list(r.values["generated_tokens"]) for r in results]
 

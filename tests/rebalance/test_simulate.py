@@ -47,6 +47,19 @@ def test_a_long_row_stuck_behind_a_full_engine_moves_to_an_idle_actor():
     assert on.makespan_s < 0.8 * off.makespan_s, (on, off)
 
 
+def test_long_rows_run_before_the_pool_started_move_to_an_idle_actor():
+    # Actor 0's first block (8 long rows) fits its 8 slots and starts outside the pool; its
+    # second block would queue, so it starts the pool. Actor 1 takes the short blocks and is then
+    # idle: the long rows, adopted into the pool as they move, split over both actors.
+    rows = [Row(16, 300, 300) for _ in range(8)] + [Row(16, 8, 8) for _ in range(24)]
+    config = SimConfig(actors=2, max_num_seqs=8, block_rows=8, tasks_in_flight=2)
+    on, off = simulate(rows, config, _MODEL), simulate(rows, replace(config, rebalance=False), _MODEL)
+    assert on.moves > 0 and on.rows_in_pool == 24
+    # Off: ~300 steps at 8 running (26 ms each); on: about half the rows move early, both actors
+    # then run ~4 (18 ms).
+    assert on.makespan_s < 0.85 * off.makespan_s, (on, off)
+
+
 def test_the_same_seed_gives_the_same_run_and_another_seed_another():
     rows = [Row(32, 16 + (i * 37) % 200, 256) for i in range(300)]
     config = SimConfig(actors=4, max_num_seqs=16, block_rows=16, jitter=0.2, seed=7)

@@ -225,6 +225,41 @@ def test_tail_moves_follow_the_plan_and_hand_the_state_on():
     assert pool.counters.num_migrated == 1
 
 
+def test_a_row_run_outside_the_pool_is_adopted_as_it_moves():
+    # "busy" runs four long rows it started before the stage had a pool (the pool has no items
+    # for them; its report says so); "idle" has empty slots. The tail plan splits the running
+    # set; a named row enters the pool as a batch of its own, for the receiver the plan chose.
+    pool = WorkPool()
+    cpu_like = _steps(0.008, 0.003)
+    pool.lease("idle", 8, now=0.0, progress=_progress([], cpu_like))
+    local = tuple(SeqProgress(10, 100, 30, True, request_id=i, in_pool=False) for i in range(4))
+    assert pool.lease("busy", 0, now=0.1, progress=WorkerProgress(8, local, cpu_like, move_s_per_token=1e-5,
+                                                                 move_latency_s=0.1, local_tokens=4 * 91)) == []
+    moves = pool.plan_give_back("busy", now=0.1)
+    assert len(moves) == 2 and not pool.items
+    assert pool.adopt("busy", "busy/row-0", "p0", {"max_tokens": 100}, state="s", num_generated=10, now=0.2,
+                      request_id=moves[0].request_id)
+    assert not pool.adopt("busy", "busy/row-0", "p0", {"max_tokens": 100}, state="s", num_generated=10, now=0.2)
+    assert pool.lease("busy", 8, now=0.3) == []  # kept from its giver ...
+    [item] = pool.lease("idle", 8, now=0.3)  # ... for the receiver the plan chose
+    assert (item.state, item.owner, item.num_moves, pool.cost(item)) == ("s", "busy", 1, 100 - 10 + 1)
+    assert not pool.batch_done("busy/row-0")
+    pool.complete("idle", item.item_id, "r")
+    assert pool.take_batch("busy/row-0") == ["r"] and not (pool.items or pool.batches or pool.leases)
+    assert (pool.counters.num_adopted, pool.counters.num_migrated, pool.counters.num_moved) == (1, 1, 1)
+    with pytest.raises(ValueError, match="max_tokens"):
+        pool.adopt("busy", "busy/row-1", "p1", {}, state="s", num_generated=10, now=0.4)
+
+
+def test_an_adopted_rows_batch_leaves_with_its_dead_owner():
+    pool = WorkPool()
+    assert pool.adopt("owner", "owner/row", "p", {"max_tokens": 8}, state="s", num_generated=2, now=0.0)
+    [item] = pool.lease("other", 8, now=5.0)  # the reserve lapsed
+    pool.worker_died("owner")
+    assert not pool.complete("other", item.item_id, "r")  # nobody will take it: dropped
+    assert not (pool.items or pool.batches or pool.pending)
+
+
 def test_a_plan_counts_what_a_receiver_leased_since_it_reported():
     # Two actors each lease four long rows; the second's report (sent with the call that leased
     # them) still shows its engine empty. The first's four running rows do not move there: the
@@ -266,7 +301,7 @@ def test_a_given_back_item_returns_to_its_giver_when_nobody_else_takes_it():
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["lease", "complete", "die", "expire", "release", "give_back"]),
+@given(st.lists(st.tuples(st.sampled_from(["lease", "complete", "die", "expire", "release", "give_back", "adopt"]),
                           st.integers(0, 2), st.integers(1, 4)), max_size=60),
        st.lists(st.integers(1, 4), min_size=1, max_size=4))
 def test_every_item_gets_exactly_one_result(ops, batch_sizes):
@@ -276,6 +311,7 @@ def test_every_item_gets_exactly_one_result(ops, batch_sizes):
         pool.submit(f"b{b}", workers[b % 3], _rows(size))
     held: dict[str, list[str]] = {w: [] for w in workers}
     dead: set[str] = set()  # owners that died: nobody waits for their batches (Ray retries them anew)
+    adopted: list[tuple[str, str]] = []  # (batch key, owner) of rows adopted as they moved
     now = 0.0
     for op, w, n in ops:
         now += 1.0
@@ -296,6 +332,9 @@ def test_every_item_gets_exactly_one_result(ops, batch_sizes):
             held[worker] = held[worker][n:]
         elif op == "give_back" and held[worker]:
             pool.give_back(worker, held[worker].pop(0), state="partial", num_generated=1, now=now)
+        elif op == "adopt" and worker not in dead:  # a row it ran outside the pool moves
+            adopted.append((f"a{len(adopted)}", worker))
+            pool.adopt(worker, adopted[-1][0], "row", {"max_tokens": 4}, state="partial", num_generated=1, now=now)
     # Drain: a healthy worker finishes whatever is left (late completions are allowed too).
     while pool.num_outstanding:
         now += 100.0
@@ -304,6 +343,8 @@ def test_every_item_gets_exactly_one_result(ops, batch_sizes):
     for b, size in enumerate(batch_sizes):
         assert pool.batch_done(f"b{b}")
         assert pool.take_batch(f"b{b}") == (None if workers[b % 3] in dead else ["done"] * size)
+    for key, owner in adopted:
+        assert pool.take_batch(key) == (None if owner in dead else ["done"])
     assert not (pool.items or pool.results or pool.batches)
     assert pool.counters.num_completed >= sum(size for b, size in enumerate(batch_sizes) if workers[b % 3] not in dead)
 

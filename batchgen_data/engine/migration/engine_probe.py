@@ -56,7 +56,7 @@ class ProbeSnapshot:
                 started = progress.status in (SequenceStatus.RUNNING, SequenceStatus.SUSPENDED)
                 seqs.append(SeqProgress(progress.num_generated, progress.max_tokens, progress.num_tokens, started,
                                         entry.movable, progress.status is SequenceStatus.RUNNING,
-                                        progress.request_id))
+                                        progress.request_id, entry.in_pool))
         return EngineProgress(tuple(sorted(seqs, key=lambda p: (not p.running, not p.started))), self.num_accepted)
 
 

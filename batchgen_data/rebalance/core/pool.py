@@ -29,7 +29,7 @@ import math
 from collections import OrderedDict, deque
 from typing import Any
 
-from batchgen_data.rebalance.core import leasing, tail
+from batchgen_data.rebalance.core import leasing, moved, tail
 from batchgen_data.rebalance.core.lengths import OutputLengths
 from batchgen_data.rebalance.core.members import Members
 from batchgen_data.rebalance.core.move_rule import Move
@@ -38,10 +38,6 @@ from batchgen_data.rebalance.core.progress import WorkerProgress
 from batchgen_data.rebalance.core.step_model import StepSums
 from batchgen_data.rebalance.core.tail import PARTITION_COOLDOWN_S
 from batchgen_data.rebalance.core.work_item import WorkItem, prefix_key
-
-# How long a given-back sequence is kept from the worker that gave it back.
-_GIVEN_BACK_RESERVE_S = 1.0
-
 
 class WorkPool:
     def __init__(self, lease_timeout_s: float = 30.0):
@@ -201,20 +197,13 @@ class WorkPool:
         giver engine's ``request_id``, as the plan named it) for a while. False (state dropped)
         if the lease is no longer this worker's: it expired and the item is already pending or
         running elsewhere."""
-        lease = self.leases.get(item_id)
-        if lease is None or lease.worker != worker or item_id in self.results:
-            return False
-        item = self.items[item_id]
-        del self.leases[item_id]
-        item.state, item.num_generated = state, num_generated
-        item.not_for, item.not_for_until = worker, now + _GIVEN_BACK_RESERVE_S
-        item.meant_for = self.planned_moves.get(worker, {}).pop(request_id, None)
-        item.num_moves += 1
-        self.pending.appendleft(item_id)
-        self.last_gave[worker] = now
-        self.counters.num_migrated += 1
-        return True
+        return moved.give_back(self, worker, item_id, state, num_generated, now, request_id)
 
+    def adopt(self, worker: str, batch_key: str, prompt: Any, params: dict, state: Any, num_generated: int,
+              now: float, request_id: int | None = None) -> bool:
+        """A row ``worker`` ran outside the pool, exported by a planned move, enters the pool as
+        the one item of its own batch ``batch_key`` (``moved.adopt``)."""
+        return moved.adopt(self, worker, batch_key, prompt, params, state, num_generated, now, request_id)
 
     def heartbeat(self, worker: str, now: float) -> None:
         """``worker`` is alive: every lease of its lasts until a lease timeout from now (its

@@ -36,6 +36,7 @@ class PoolCounters:
     num_requeued: int = 0  # leases returned after a worker death or expiry (work redone)
     num_duplicates_dropped: int = 0
     num_migrated: int = 0  # sequences given back at the tail, to be continued elsewhere
+    num_adopted: int = 0  # of them, rows run outside the pool that entered it as they moved (``moved.adopt``)
     num_moves_planned: int = 0  # sequences the tail plans named (each one is given back)
     num_moves_declined: int = 0  # tail plans whose estimated gain missed the margin (nothing moved)
     num_batches_dropped: int = 0  # batches whose waiter was gone (caller gave up, owner dead)

@@ -23,6 +23,7 @@ class SeqProgress:
     movable: bool = True
     running: bool = True  # in the running set now (False: waiting, or suspended for KV memory)
     request_id: int = -1  # the engine's id for it: what a planned move names (-1: not known)
+    in_pool: bool = True  # False: a row its actor started outside the stage's pool (adopted if it moves)
 
     @property
     def num_tokens_left(self) -> int:

@@ -97,7 +97,7 @@ class SimEngine:
         running sequences first, then waiting ones; pool items movable, its own rows not."""
         seqs = tuple(
             SeqProgress(s.num_generated, s.max_tokens, s.num_tokens, s.started, movable=s.movable,
-                        running=running, request_id=s.request_id)
+                        running=running, request_id=s.request_id, in_pool=s.item_id is not None)
             for s, running in [*((s, True) for s in self.running), *((s, False) for s in self.waiting)])
         local = sum(s.max_tokens - s.num_generated + 1 for s in (*self.running, *self.waiting) if s.item_id is None)
         return WorkerProgress(slots=self.max_num_seqs, seqs=seqs, step=step,

@@ -9,13 +9,16 @@ NOTE: what is modelled, and how.
   * With it, the stage's client rules: while the stage has no pool, a block whose rows fit the
     engine's free slots and KV runs there (``core/local_first``); the first that does not starts
     the pool (its rows that fit start here, the rest go to the pool), and from then on every
-    block is submitted to it. Every actor leases at a step boundary where it has room (free
-    slots, and slots about to free: ``core/worker_room``) and the pool changed since its last
-    call, or its held call's wait bound passed; an idle actor waits for a change (a round trip
-    later) or for its bound. Each lease carries the actor's load report, and the pool's tail
-    plan (``WorkPool.plan_give_back``) names the sequences it gives back; the receiver pays the
-    move (KV shipped, or its tokens recomputed, whichever the model says is cheaper) in the step
-    that admits it.
+    block is submitted to it. Rows started outside the pool are movable once it exists: a tail
+    plan that names one adopts it into the pool (``WorkPool.adopt``). An actor calls as it joins
+    (its first load report), then at a step boundary where it has room (free slots, and slots
+    about to free: ``core/worker_room``) and the pool changed since its last call, or its held
+    call's wait bound passed; an idle actor waits for a change (a round trip later) or for its
+    bound. Each call carries the actor's load report, and the pool's tail plan
+    (``WorkPool.plan_give_back``) names the sequences it gives back; between calls its held call
+    is planned again whenever the stage's load reports changed (as the coordinator does), the
+    moves taken at its next step boundary. The receiver pays the move (KV shipped, or its tokens
+    recomputed, whichever the model says is cheaper) in the step that admits it.
   * Steps take ``ActorModel`` time: the step model at the running-set size, plus the prefill of
     the sequences admitted in that step; every running sequence gains a token per step.
 """
@@ -91,8 +94,10 @@ class Simulation:
         self.wake_at = [None] * config.actors  # an idle actor's pending wake-up
         self.version = 0  # bumped at every pool change an idle or waiting actor may act on
         self.seen_version = [-1] * config.actors
-        self.last_call = [0.0] * config.actors
+        self.last_call = [-float("inf")] * config.actors  # its first call comes as it joins, room or not
+        self.planned_at = [-1] * config.actors  # the pool's load reports its held call's last plan saw
         self.items: dict[str, tuple[int, int]] = {}  # pool item -> (row, call)
+        self.adopted: set[str] = set()  # items of rows run outside the pool, adopted as they moved
         self.last_end = 0.0
         self.rows_left = len(rows)
         self.moves = self.moved_tokens = self.lease_calls = self.steps = self.rows_in_pool = 0
@@ -163,9 +168,10 @@ class Simulation:
             pooled = sorted(set(rows) - set(local))
             if pooled:
                 self._start_pool()
-        for r in local:
+        for r in local:  # movable once the stage has a pool: adopted into it as they move
             row = self.rows[r]
-            engine.add(SimSeq(r, start, row.prompt_tokens, row.output_tokens, row.max_tokens))
+            engine.add(SimSeq(r, start, row.prompt_tokens, row.output_tokens, row.max_tokens,
+                              movable=self.pool is not None))
         if pooled:
             call.batch_key = f"c{start}"
             self.pool.submit(call.batch_key, engine.name,
@@ -189,6 +195,9 @@ class Simulation:
         call = self.calls[seq.call]
         if seq.item_id is not None:
             self.pool.complete(self.engines[i].name, seq.item_id, None, seq.num_generated)
+            if seq.item_id in self.adopted:  # its owner takes its result as it comes
+                self.adopted.discard(seq.item_id)
+                self.pool.take_batch(self.pool.items[seq.item_id].batch_key)
             self._changed()
         call.left -= 1
         if call.left == 0:
@@ -238,6 +247,10 @@ class Simulation:
         soon, _ = slots_freeing_soon(report.seqs, step_s, model.call_s, MAX_HOLD_S)
         room = max(0, engine.max_num_seqs + soon - engine.num_seqs)
         if not (room and self.seen_version[i] != self.version) and self.now - self.last_call[i] < MAX_HOLD_S:
+            # Its call is held: the coordinator plans it again whenever the load reports change.
+            if self.planned_at[i] != pool.num_reports:
+                self.planned_at[i] = pool.num_reports
+                self._give_back(i, pool.plan_give_back(engine.name, self.now))
             return
         self.seen_version[i], self.last_call[i] = self.version, self.now
         self.lease_calls += 1
@@ -251,11 +264,24 @@ class Simulation:
                 seq.arrive_s = item.state * model.move_s_per_token
             engine.add(seq)
         pool.hold(engine.name, max(0, room - len(items)), self.now)
-        moves = pool.plan_give_back(engine.name, self.now)
+        self.planned_at[i] = pool.num_reports
+        self._give_back(i, pool.plan_give_back(engine.name, self.now))
+
+    def _give_back(self, i: int, moves) -> None:
+        """Export the sequences a tail plan names: into the pool for their receivers."""
+        engine, pool = self.engines[i], self.pool
         if moves:
             for seq in engine.take({m.request_id for m in moves}):
-                if not pool.give_back(engine.name, seq.item_id, seq.num_tokens if seq.started else None,
-                                      seq.num_generated, self.now, seq.request_id):
+                state = seq.num_tokens if seq.started else None
+                if seq.item_id is None:  # a row run outside the pool: adopted as it moves
+                    key = f"adopted-{seq.row}"
+                    row = self.rows[seq.row]
+                    pool.adopt(engine.name, key, row.prompt, {"max_tokens": row.max_tokens}, state,
+                               seq.num_generated, self.now, seq.request_id)
+                    seq.item_id = f"{key}/0"
+                    self.items[seq.item_id] = (seq.row, seq.call)
+                    self.adopted.add(seq.item_id)
+                elif not pool.give_back(engine.name, seq.item_id, state, seq.num_generated, self.now, seq.request_id):
                     raise RuntimeError(f"the pool refused a planned give-back of {seq.item_id}")
                 self.moves += 1
                 self.moved_tokens += seq.num_tokens if seq.started else 0
