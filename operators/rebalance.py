@@ -89,7 +89,8 @@ from batchgen_data.rebalance.core.local_first import EngineRoom, full_length, ro
 from batchgen_data.rebalance.core.move_rule import Move
 from batchgen_data.rebalance.core.progress import SeqProgress, WorkerProgress
 from batchgen_data.rebalance.core.worker_room import slots_freeing_soon
-from batchgen_data.rebalance.ray_actor import NAMESPACE, find_coordinator, get_or_create_coordinator
+from batchgen_data.rebalance.ray_actor import find_pool, start_pool
+from batchgen_data.rebalance.transport import PoolTransport
 
 logger = logging.getLogger(__name__)
 
@@ -123,9 +124,10 @@ class RebalanceClient:
         engine (AsyncEngine): the actor's engine, before its first request.
         stage_key (str): names the stage's coordinator (the stage's config).
         lease_timeout_s (float): how long a silent worker keeps its leases.
-        coordinator (PoolMembership | actor handle | None): from ``join_stage`` (its worker id
-            and start time), a coordinator handle (this client joins it now), or None: the
-            stage's coordinator is found or started on demand (``run_batch``).
+        coordinator (PoolMembership | PoolTransport | None): from ``join_stage`` (its worker id
+            and start time), a transport to the stage's coordinator (``rebalance/transport.py``:
+            this client joins it now), or None: the stage's coordinator is found or started on
+            demand (``run_batch``, ``ray_actor.find_pool`` / ``start_pool``).
         calibrate (bool, default True): calibrate the engine's step model now (~0.2 s on the
             demo model); without it the move rule splits no running set until the engine's own
             steps show a slope.
@@ -142,7 +144,7 @@ class RebalanceClient:
             self.worker_id, coordinator, started = coordinator.worker_id, coordinator.coordinator, coordinator.started
         else:
             self.worker_id = new_worker_id()
-        self._coordinator = None  # found or started when work would queue (``_find``, ``_start_pool``)
+        self._coordinator: PoolTransport | None = None  # found or started when work would queue (``_find``, ``_start_pool``)
         self._local_rows = 0  # rows of this actor's own batches running outside the pool
         self._local_kv_tokens = 0  # ... and their estimated KV tokens at their full lengths
         self._local_output_tokens = 0  # ... and their output budgets (max_tokens)
@@ -182,14 +184,14 @@ class RebalanceClient:
             self.stats.calibrated_base_s = calibration.model.base_s
             self.stats.calibrated_per_seq_s = calibration.model.per_seq_s
 
-    def _join(self, coordinator) -> None:
+    def _join(self, coordinator: PoolTransport) -> None:
         """Take part in the stage's pool from now on: register (ready, with the time this actor
         took to load) and start the lease loop."""
         self._coordinator = coordinator
         self._pool_outstanding = 1  # not known yet: the loop's first lease call says
         self.stats.joined_pool_wall = time.time()
         try:
-            coordinator.register.remote(self.worker_id, True, self._load_s)
+            coordinator.register(self.worker_id, True, self._load_s)
         except Exception as err:  # its first lease registers it as a worker anyway
             logger.warning("could not register with the work pool: %s", err)
 
@@ -197,7 +199,7 @@ class RebalanceClient:
         """The stage's coordinator if some actor of the stage started it (looked up by name, once
         per call until found); None while none did."""
         if self._coordinator is None and self._coordinator_ok:
-            coordinator = find_coordinator(self.name)
+            coordinator = find_pool(self.name)
             if coordinator is not None:
                 self._join(coordinator)
         if self._coordinator is not None:
@@ -207,11 +209,11 @@ class RebalanceClient:
     def _start_pool(self):
         """Start the stage's coordinator (or find the one another actor just started)."""
         if self._coordinator is None:
-            self._join(get_or_create_coordinator(self.name, self.lease_timeout_s))
+            self._join(start_pool(self.name, self.lease_timeout_s))
         self._ensure_loop()
         return self._coordinator
 
-    def _handle(self):
+    def _handle(self) -> PoolTransport:
         return self._coordinator
 
     def _notify(self) -> None:
@@ -331,9 +333,9 @@ class RebalanceClient:
         results = None
         try:
             coordinator = self._handle()
-            await coordinator.adopt.remote(self.worker_id, batch_key, prompt, params.to_dict(), _pack(state),
+            await coordinator.adopt(self.worker_id, batch_key, prompt, params.to_dict(), _pack(state),
                                            len(state.output_token_ids), state.request_id)
-            results = await coordinator.wait_batch.remote(batch_key)
+            results = await coordinator.wait_batch(batch_key)
         except Exception as err:
             logger.warning("work pool unavailable (%s); running a moved row here", err)
             self._coordinator_ok = False
@@ -359,8 +361,8 @@ class RebalanceClient:
         results = None
         try:
             coordinator = self._handle()
-            await coordinator.submit.remote(batch_key, self.worker_id, rows)
-            results = await coordinator.wait_batch.remote(batch_key)
+            await coordinator.submit(batch_key, self.worker_id, rows)
+            results = await coordinator.wait_batch(batch_key)
         except Exception as err:  # the coordinator died or is unreachable: run locally
             logger.warning("work pool unavailable (%s); running this batch without rebalancing", err)
             self._coordinator_ok = False
@@ -376,7 +378,7 @@ class RebalanceClient:
         """Tell the pool to drop a batch this actor no longer waits for (not awaited: a
         cancelled call cannot wait, and the owner-silence rule covers a lost message)."""
         try:
-            self._handle().forget_batch.remote(batch_key)
+            self._handle().forget_batch(batch_key)
         except Exception as err:
             logger.warning("could not tell the work pool to drop a batch: %s", err)
 
@@ -385,7 +387,7 @@ class RebalanceClient:
         its engine has free now: the pool cannot see rows run outside it end."""
         if self._holding is not None and self._coordinator_ok and self._coordinator is not None:
             try:
-                self._coordinator.wake.remote(self.worker_id)
+                self._coordinator.wake(self.worker_id)
             except Exception as err:
                 logger.warning("could not end a held lease call: %s", err)
 
@@ -464,7 +466,7 @@ class RebalanceClient:
 
     def _release(self, item_ids: list[str]) -> None:
         try:
-            self._handle().release.remote(self.worker_id, item_ids)
+            self._handle().release(self.worker_id, item_ids)
         except Exception as err:  # their leases expire back into the pool
             logger.warning("could not release leased items: %s", err)
 
@@ -496,11 +498,11 @@ class RebalanceClient:
             self._step_s_hint = model.step_s(running)
         return self._step_s_hint
 
-    async def _lease(self, coordinator, room: int, progress: WorkerProgress, wait_s: float) -> LeaseReply:
+    async def _lease(self, coordinator: PoolTransport, room: int, progress: WorkerProgress, wait_s: float) -> LeaseReply:
         started = time.monotonic()
         self._holding = room
         try:
-            reply = await coordinator.lease.remote(self.worker_id, room, progress, wait_s, self._pool_outstanding)
+            reply = await coordinator.lease(self.worker_id, room, progress, wait_s, self._pool_outstanding)
         finally:
             self._holding = None
         elapsed = time.monotonic() - started
@@ -540,7 +542,7 @@ class RebalanceClient:
         if isinstance(out, MigratedOut):  # taken away at the tail: the pool hands it on
             self.stats.migrated_out_bytes += _kv_bytes(out.state)
             try:
-                await self._handle().give_back.remote(self.worker_id, item_id, _pack(out.state),
+                await self._handle().give_back(self.worker_id, item_id, _pack(out.state),
                                                       len(out.state.output_token_ids), out.state.request_id)
             except Exception as err:  # the lease expires and the item is redone from its start
                 logger.warning("could not give a sequence back to the work pool: %s", err)
@@ -551,7 +553,7 @@ class RebalanceClient:
             self.stats.num_run_for_others += 1
         result = asdict(RowResult.from_output(out))
         try:
-            await self._handle().complete.remote(self.worker_id, item_id, result, out.num_generated_tokens)
+            await self._handle().complete(self.worker_id, item_id, result, out.num_generated_tokens)
         except Exception as err:
             logger.warning("could not report a result to the work pool: %s", err)
 
@@ -561,10 +563,9 @@ class RebalanceClient:
         return asdict(self.stats)
 
     async def counters(self) -> dict:
-        import ray
-
+        """The stage's pool counters (``Coordinator.counters``); {} if it has no pool."""
         try:
-            handle = ray.get_actor(self.name, namespace=NAMESPACE)
-            return await handle.counters.remote()
+            pool = self._coordinator or find_pool(self.name)
+            return {} if pool is None else await pool.counters()
         except Exception:
             return {}

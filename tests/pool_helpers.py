@@ -1,5 +1,5 @@
-"""Helpers for the work-pool tests: a ``Coordinator`` in the test's own event loop behind the calls
-a Ray actor handle takes, and an engine stand-in for a ``RebalanceClient`` (no model, no Ray)."""
+"""Helpers for the work-pool tests: an engine stand-in for a ``RebalanceClient`` (no model, no Ray).
+A ``Coordinator`` in the test's own event loop is ``rebalance.transport.InProcessTransport``."""
 
 from __future__ import annotations
 
@@ -7,18 +7,6 @@ import asyncio
 from types import SimpleNamespace
 
 from batchgen_data.config import EngineConfig
-
-
-class InProcessCoordinator:
-    """``handle.method.remote(*args)`` runs ``coordinator.method(*args)`` as a task of the running
-    loop, as a Ray actor call would run in the coordinator's: a test can look into its pool."""
-
-    def __init__(self, coordinator):
-        self.coordinator = coordinator
-
-    def __getattr__(self, name: str):
-        method = getattr(self.coordinator, name)
-        return SimpleNamespace(remote=lambda *args: asyncio.ensure_future(method(*args)))
 
 
 class StalledEngine:

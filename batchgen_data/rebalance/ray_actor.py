@@ -1,11 +1,12 @@
 """The coordinator as a Ray actor: named per job and stage, detached, zero CPUs; found by name by
-the stage's other actors."""
+the stage's other actors (``find_pool``, ``start_pool``: a ``RayTransport`` to it)."""
 
 from __future__ import annotations
 
 import hashlib
 
 from batchgen_data.rebalance.coordinator import Coordinator
+from batchgen_data.rebalance.transport import RayTransport
 
 NAMESPACE = "batchgen"
 
@@ -39,3 +40,14 @@ def get_or_create_coordinator(name: str, lease_timeout_s: float):
         num_cpus=0,
         max_concurrency=10_000,
     ).remote(lease_timeout_s=lease_timeout_s)
+
+
+def find_pool(name: str) -> RayTransport | None:
+    """A transport to the stage's coordinator named ``name`` if it runs; None if not."""
+    handle = find_coordinator(name)
+    return None if handle is None else RayTransport(handle)
+
+
+def start_pool(name: str, lease_timeout_s: float) -> RayTransport:
+    """A transport to the stage's coordinator, started now unless another actor just did."""
+    return RayTransport(get_or_create_coordinator(name, lease_timeout_s))

@@ -8,10 +8,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from pool_helpers import InProcessCoordinator
 
 from batchgen_data import Engine, EngineConfig, SamplingParams
 from batchgen_data.rebalance.core.local_first import EngineRoom, full_length, rows_here
+from batchgen_data.rebalance.transport import InProcessTransport
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -36,9 +36,9 @@ def test_a_batch_runs_on_its_engine_until_rows_would_queue_then_the_pool_takes_t
 
     def start(name, lease_timeout_s):
         started.append(name)
-        return InProcessCoordinator(coordinator)
+        return InProcessTransport(coordinator)
 
-    monkeypatch.setattr(rebalance, "get_or_create_coordinator", start)
+    monkeypatch.setattr(rebalance, "start_pool", start)
     pooled = []
     submit = coordinator.pool.submit
     monkeypatch.setattr(coordinator.pool, "submit", lambda key, owner, rows, now=0.0: (pooled.extend(rows),

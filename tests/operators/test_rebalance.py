@@ -10,9 +10,9 @@ import json
 import time
 
 import pytest
-from pool_helpers import InProcessCoordinator
 
 from batchgen_data import BatchGenOperator, Engine, EngineConfig, SamplingParams
+from batchgen_data.rebalance.transport import InProcessTransport
 
 ray = pytest.importorskip("ray")
 
@@ -97,7 +97,7 @@ def _rebalance_client(demo_path, coordinator, engine_config: dict = ENGINE_CONFI
     from batchgen_data.operators.rebalance import RebalanceClient
 
     engine = AsyncEngine(Engine(demo_path, EngineConfig(**engine_config)))
-    return RebalanceClient(engine, "test-stage", 5.0, InProcessCoordinator(coordinator)), engine
+    return RebalanceClient(engine, "test-stage", 5.0, InProcessTransport(coordinator)), engine
 
 
 def test_tail_sequences_move_between_engines_and_continue_exactly(ray_cluster, demo_path):
@@ -162,8 +162,8 @@ def test_rows_run_before_the_pool_started_move_at_the_tail_and_come_out_once(ray
     coordinator = Coordinator(lease_timeout_s=5.0)
     pool = coordinator.pool
     pool_started = []
-    monkeypatch.setattr(rebalance, "find_coordinator",
-                        lambda name: InProcessCoordinator(coordinator) if pool_started else None)
+    monkeypatch.setattr(rebalance, "find_pool",
+                        lambda name: InProcessTransport(coordinator) if pool_started else None)
     monkeypatch.setattr(rebalance, "rows_here", lambda lengths, room: list(range(len(lengths))))  # all here
 
     def params(batch):

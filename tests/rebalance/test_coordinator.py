@@ -9,12 +9,13 @@ import asyncio
 import time
 
 import pytest
-from pool_helpers import InProcessCoordinator, StalledEngine
+from pool_helpers import StalledEngine
 
 from batchgen_data.engine.sampling_params import SamplingParams
 from batchgen_data.rebalance.coordinator import Coordinator
 from batchgen_data.rebalance.core.progress import SeqProgress, WorkerProgress
 from batchgen_data.rebalance.core.step_model import StepModel, StepSums
+from batchgen_data.rebalance.transport import InProcessTransport
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -124,7 +125,7 @@ def test_an_actor_with_room_and_nothing_to_take_does_not_poll():
     async def job():
         coordinator = Coordinator(lease_timeout_s=3.0)  # holds calls up to 1 s
         engine = StalledEngine(max_running_seqs=8)
-        client = RebalanceClient(engine, "stage", 3.0, InProcessCoordinator(coordinator), calibrate=False)
+        client = RebalanceClient(engine, "stage", 3.0, InProcessTransport(coordinator), calibrate=False)
         params = [SamplingParams(max_tokens=4)]
         call = asyncio.ensure_future(client.run_batch(["its own row"], params))  # runs, never ends
         await asyncio.sleep(0.3)
