@@ -79,7 +79,7 @@ class BatchGenOperator:
         rebalance = rebalance and self.config.task_type == "generate"
         membership = None
         if rebalance:  # as it starts: the pool learns how long actors take to load
-            from batchgen_data.operators.pool_membership import join_stage
+            from batchgen_data.rebalance.client import join_stage
 
             membership = join_stage()
         self.engine = AsyncEngine(Engine(self.config.model, self.config.engine_config))
@@ -88,10 +88,9 @@ class BatchGenOperator:
             self.engine.engine.config.collect_timeline = True
         self.rebalancer = None
         if rebalance:
-            from batchgen_data.operators.rebalance import RebalanceClient
+            from batchgen_data.operators.rebalance import stage_client
 
-            self.rebalancer = RebalanceClient(self.engine, repr(self.config), lease_timeout_s,
-                                              membership)
+            self.rebalancer = stage_client(self.engine, repr(self.config), lease_timeout_s, membership)
         self._heap = HeapTrimmer()
         self._rows_in_flight = 0
         self._peak_rows_in_flight = 0

@@ -4,7 +4,7 @@
 The first operator actor creates it by name (detached, no CPUs) as it starts, before it loads its
 model, and the others find it by the same name; each registers as a member of the stage then
 (``register``). It is not a single point of data loss: owners keep their own rows and fall back
-to running them locally when the coordinator cannot be reached (see ``operators/rebalance.py``).
+to running them locally when the coordinator cannot be reached (see ``rebalance/client``).
 It exits by itself once idle with nothing outstanding.
 
 NOTE: leases on events. A lease call that gets nothing is held open (``lease(wait_s=...)``)

@@ -1,4 +1,4 @@
-"""The work pool starts on demand (``operators/local_first.py``, ``RebalanceClient.run_batch``):
+"""The work pool starts on demand (``rebalance/core/local_first.py``, ``RebalanceClient.run_batch``):
 rows that fit their engine run there with no coordinator; a batch with rows that would queue
 starts one, runs its longest rows that fit at once and pools the rest (real demo engine,
 in-process coordinator, no Ray)."""
@@ -26,9 +26,10 @@ def test_rows_here_are_the_longest_that_fit_the_free_slots_and_kv():
 
 
 def test_a_batch_runs_on_its_engine_until_rows_would_queue_then_the_pool_takes_the_rest(demo_path, monkeypatch):
-    import batchgen_data.operators.rebalance as rebalance
+    import batchgen_data.rebalance.client.client as rebalance
 
     from batchgen_data.engine.async_engine import AsyncEngine
+    from batchgen_data.operators.rebalance import stage_client
     from batchgen_data.rebalance.coordinator import Coordinator
 
     coordinator = Coordinator(lease_timeout_s=5.0)
@@ -49,13 +50,13 @@ def test_a_batch_runs_on_its_engine_until_rows_would_queue_then_the_pool_takes_t
     expected = [o.token_ids for o in Engine(demo_path, config).generate(prompts, params)]
 
     async def job():
-        client = rebalance.RebalanceClient(AsyncEngine(Engine(demo_path, config)), "stage", 5.0, calibrate=False)
+        client = stage_client(AsyncEngine(Engine(demo_path, config)), "stage", 5.0, calibrate=False)
         first = await client.run_batch(prompts[:8], params[:8])  # 8 rows, 8 free slots: all here
         assert not started and client.stats.num_local_batches == 1
         second = await client.run_batch(prompts, params)  # 12 rows: 4 would queue
         # The 4 shortest went to the pool (the longest start at once), and came back in row order.
         assert started and [params["max_tokens"] for _, params in pooled] == [4, 6, 8, 10]
-        for task in (client._loop_task, *client._tasks):
+        for task in client.background_tasks():
             task.cancel()
         return first, second
 

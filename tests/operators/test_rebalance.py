@@ -94,10 +94,10 @@ def _rebalance_client(demo_path, coordinator, engine_config: dict = ENGINE_CONFI
     """One operator actor's rebalancing client over an in-process pool (no Ray Data); build it in
     the running event loop (it registers with the pool)."""
     from batchgen_data.engine.async_engine import AsyncEngine
-    from batchgen_data.operators.rebalance import RebalanceClient
+    from batchgen_data.operators.rebalance import stage_client
 
     engine = AsyncEngine(Engine(demo_path, EngineConfig(**engine_config)))
-    return RebalanceClient(engine, "test-stage", 5.0, InProcessTransport(coordinator)), engine
+    return stage_client(engine, "test-stage", 5.0, InProcessTransport(coordinator)), engine
 
 
 def test_tail_sequences_move_between_engines_and_continue_exactly(ray_cluster, demo_path):
@@ -153,7 +153,8 @@ def test_rows_run_before_the_pool_started_move_at_the_tail_and_come_out_once(ray
     where they stopped, and each row comes out once, as on one engine."""
     import torch
 
-    import batchgen_data.operators.rebalance as rebalance
+    import batchgen_data.rebalance.client.client as rebalance
+    from batchgen_data.operators.rebalance import stage_client
     from batchgen_data.rebalance.coordinator import Coordinator
 
     rows = _rows()
@@ -173,7 +174,7 @@ def test_rows_run_before_the_pool_started_move_at_the_tail_and_come_out_once(ray
         from batchgen_data.engine.async_engine import AsyncEngine
 
         first_engine = AsyncEngine(Engine(demo_path, EngineConfig(**engine_config)))
-        first = rebalance.RebalanceClient(first_engine, "test-stage", 5.0)
+        first = stage_client(first_engine, "test-stage", 5.0)
         long_rows, short_rows = rows[:8], rows[8:]
         second_engine = None
         try:
@@ -181,7 +182,7 @@ def test_rows_run_before_the_pool_started_move_at_the_tail_and_come_out_once(ray
             started = time.monotonic()
             while len(first.probe.snapshot.progress.seqs) < 8 and time.monotonic() - started < 60.0:
                 await asyncio.sleep(0.02)  # until its engine holds them all (bounded)
-            assert first.stats.num_local_batches == 1 and first._coordinator is None and not pool.items
+            assert first.stats.num_local_batches == 1 and first.state.pool is None and not pool.items
             pool_started.append(True)  # another actor of the stage started the pool
             second, second_engine = _rebalance_client(demo_path, coordinator, engine_config)
             second_call = second.run_batch([r["prompt"] for r in short_rows], params(short_rows))
@@ -273,7 +274,7 @@ def test_the_stage_pool_starts_only_when_rows_would_queue(ray_cluster, demo_path
     rows that would have queued (issue #33: a coordinator started as the actors load delayed
     their first step by 0.4-0.6 s on 2 cores, where nothing could be gained)."""
     from batchgen_data.rebalance.ray_actor import find_coordinator
-    from batchgen_data.operators.pool_membership import stage_coordinator_name
+    from batchgen_data.rebalance.client.membership import stage_coordinator_name
     from batchgen_data.operators.rows import StageConfig
 
     kwargs = {"model": str(demo_path), "engine_config": ENGINE_CONFIG, "max_tokens": 4, "ignore_eos": True}

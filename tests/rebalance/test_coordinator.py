@@ -120,7 +120,7 @@ def test_an_actor_with_room_and_nothing_to_take_does_not_poll():
     """Issue #33: with the engine never full, an actor asked the coordinator every 50 ms
     (148-262 lease calls a run). Now it waits in one held call per wait bound, and an item
     submitted reaches it in one message."""
-    from batchgen_data.operators.rebalance import RebalanceClient
+    from batchgen_data.rebalance.client import RebalanceClient
 
     async def job():
         coordinator = Coordinator(lease_timeout_s=3.0)  # holds calls up to 1 s
@@ -142,7 +142,7 @@ def test_an_actor_with_room_and_nothing_to_take_does_not_poll():
         while len(engine.prompts) < 2 and time.monotonic() - submitted < 2.0:
             await asyncio.sleep(0.005)
         assert engine.prompts[-1] == "prompt 0" and time.monotonic() - submitted < 0.2
-        tasks = [client._loop_task, *client._tasks]
+        tasks = client.background_tasks()
         for task in (call, *tasks):
             task.cancel()
         await asyncio.sleep(0.01)

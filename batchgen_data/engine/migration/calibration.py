@@ -4,7 +4,7 @@ running-set sizes through the ``Engine``'s public API (``DecodeStepTimer``), fit
 
 Run it once per engine, before anything else drives the engine (an ``AsyncEngine``'s thread
 starts at its first submission): the rebalancing client does, when its actor starts
-(``operators/rebalance.py``). Its dummy requests leave nothing behind: they are taken out with
+(``rebalance/client``). Its dummy requests leave nothing behind: they are taken out with
 ``Engine.export_sequence`` (no KV), their fixed seed leaves the engine's seed stream for real
 requests untouched, and the engine's timeline does not record their steps. What stays is what
 any run leaves: the engine's counters (forward tokens and kernel seconds, from which

@@ -1,6 +1,6 @@
 """Which of a batch's rows start on the actor's own engine while the stage runs without a pool:
 those that fit its free running slots and KV memory now, the longest first. The rest would
-queue there, so they go to the stage's pool (``rebalance.RebalanceClient.run_batch``), started
+queue there, so they go to the stage's pool (``rebalance.client.RebalanceClient.run_batch``), started
 on demand: a stage whose rows never queue runs no coordinator at all.
 
 Measured on the skew grid (issue #33, 2 cores): a coordinator started as the actors load delayed

@@ -1,6 +1,6 @@
 """How many pool items a worker asks for: its engine's free running slots, and the slots about to
 free (a sequence that ends within one lease round trip: the next item arrives as it ends). Pure
-Python; the stage's client (``operators/rebalance.py``) and the simulator's actors ask it."""
+Python; the stage's client (``rebalance/client``) and the simulator's actors ask it."""
 
 from __future__ import annotations
 

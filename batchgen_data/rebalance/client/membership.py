@@ -1,7 +1,7 @@
 """An actor's membership of its stage's work pool: the coordinator's name (per Ray job and stage
 config), this actor's worker id and start time (``join_stage``), and what its engine uses of its
 machine (``engine_compute``). The pool itself starts on demand, when an actor's rows would queue
-(``rebalance.RebalanceClient.run_batch``)."""
+(``RebalanceClient.run_batch``)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def engine_compute(config) -> ComputeShare:
     """What this actor's engine (``EngineConfig`` ``config``) uses of its machine: its node, the
     threads its steps use on CPU (none on an accelerator of its own) and the CPUs this process may
     run on; the pool hands waiting rows to an idle actor only where that adds compute
-    (``distributed/compute.py``)."""
+    (``rebalance/core/compute.py``)."""
     import ray
     import torch
 
