@@ -4,6 +4,7 @@ workloads and actor counts, with rebalancing and without (issue #52).
     .venv/bin/python benchmarks/rebalance_grid.py                       # the grid (AMD EPYC: ~N min)
     .venv/bin/python benchmarks/rebalance_grid.py --rows 2000 --actors 8,32 --only lognormal,giant
     .venv/bin/python benchmarks/rebalance_grid.py --step-model step.json  # another engine's step model
+    .venv/bin/python benchmarks/rebalance_grid.py --actors 2,8 --moves-after-input  # the oracle of limit 3
 
 Each scenario is written as a JSONL scenario file and run through the simulator
 (``python -m batchgen_data.rebalance.simulate``'s ``run_scenario``: the real ``rebalance/core``
@@ -126,6 +127,8 @@ def main() -> None:
     parser.add_argument("--tasks-in-flight", type=int, default=4, help="Ray Data's default max_tasks_in_flight_per_actor")
     parser.add_argument("--step-model", type=Path, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--moves-after-input", action="store_true",
+                        help="an oracle: tail moves only once every block is handed out (SimConfig.moves_after_input)")
     parser.add_argument("--out", type=Path, default=Path("docs/results"))
     args = parser.parse_args()
     names = args.only.split(",") if args.only else list(SCENARIOS)
@@ -134,14 +137,16 @@ def main() -> None:
     report = {"cpu": cpu_model(), "rows": args.rows, "actors": actors, "scenarios": names,
               "model_name": str(args.step_model or "the demo model's default step model"), "model": model.to_dict(),
               "max_num_seqs": args.max_num_seqs, "block_rows": args.block_rows,
-              "tasks_in_flight": args.tasks_in_flight, "seed": args.seed, "results": {}}
+              "tasks_in_flight": args.tasks_in_flight, "seed": args.seed,
+              "moves_after_input": args.moves_after_input, "results": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             path = Path(tmp) / f"{name}.jsonl"
             write_scenario(path, scenario_rows(name, args.rows, args.seed))
             rows = read_scenario(path)  # what the command line would read
             for a in actors:
-                config = SimConfig(a, args.max_num_seqs, args.block_rows, args.tasks_in_flight, True, args.seed)
+                config = SimConfig(a, args.max_num_seqs, args.block_rows, args.tasks_in_flight, True, args.seed,
+                                   moves_after_input=args.moves_after_input)
                 result = run_scenario(rows, config, model)
                 report["results"][f"{name}/{a}"] = result
                 print(f"{name:12s} {a:4d} actors: {result['makespan_over_bound']:.3f}x bound "

@@ -52,6 +52,9 @@ class SimConfig:
     rebalance: bool = True
     seed: int = 0
     jitter: float = 0.0  # relative noise on each step's time (seeded)
+    # An oracle: tail moves only once Ray Data has handed out every block. The pool cannot know
+    # that; it measures what moving while blocks still come costs (docs/benchmarks.md, limit 3).
+    moves_after_input: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,7 +273,7 @@ class Simulation:
     def _give_back(self, i: int, moves) -> None:
         """Export the sequences a tail plan names: into the pool for their receivers."""
         engine, pool = self.engines[i], self.pool
-        if moves:
+        if moves and not (self.config.moves_after_input and self.blocks):
             for seq in engine.take({m.request_id for m in moves}):
                 state = seq.num_tokens if seq.started else None
                 if seq.item_id is None:  # a row run outside the pool: adopted as it moves
