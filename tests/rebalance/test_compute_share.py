@@ -67,10 +67,10 @@ def test_an_idle_actor_takes_queued_rows_only_where_its_cpus_are_idle():
 def test_a_busy_actors_tail_moves_only_to_a_receiver_that_adds_compute():
     def tail(receiver_share: ComputeShare, third_busy: bool) -> int:
         pool = WorkPool()
-        pool.submit("long", "a", _rows(8, 256), now=-1.0)  # the input stopped flowing by 0.5 (``Arrivals``)
+        pool.submit("long", "a", _rows(8, 256), now=0.0)
         pool.lease("a", 8, now=0.0, progress=_report(0, _CPU))
         if third_busy:
-            pool.submit("b-own", "b", _rows(8, 256), now=-1.0)
+            pool.submit("b-own", "b", _rows(8, 256), now=0.0)
             pool.lease("b", 8, now=0.0, progress=_report(0, _CPU))
             pool.lease("b", 0, now=0.5, progress=_report(8, _CPU))
         pool.lease("c", 8, now=0.5, progress=_report(0, receiver_share))  # idle, 8 free slots

@@ -55,9 +55,9 @@ def test_long_rows_run_before_the_pool_started_move_to_an_idle_actor():
     config = SimConfig(actors=2, max_num_seqs=8, block_rows=8, tasks_in_flight=2)
     on, off = simulate(rows, config, _MODEL), simulate(rows, replace(config, rebalance=False), _MODEL)
     assert on.moves > 0 and on.rows_in_pool == 24
-    # Off: ~300 steps at 8 running (26 ms each); on: about half the rows move once the input
-    # stops flowing (a second after the last block), both actors then run ~4 (18 ms).
-    assert on.makespan_s < 0.9 * off.makespan_s, (on, off)
+    # Off: ~300 steps at 8 running (26 ms each); on: about half the rows move early, both actors
+    # then run ~4 (18 ms).
+    assert on.makespan_s < 0.85 * off.makespan_s, (on, off)
 
 
 def test_the_same_seed_gives_the_same_run_and_another_seed_another():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import random
 
 import pytest
@@ -108,8 +107,7 @@ def test_an_actor_that_does_not_come_is_not_waited_for():
     # c should be ready by its start plus the slowest load so far, with slack, and that grace.
     assert pool.members(now=3.8) == {"a", "c", "o"}
     assert _long_rows(pool.lease("a", 8, now=3.8)) == 1  # half of the rest: c still loads
-    assert pool.next_change_s("a", now=3.8) == pytest.approx(3.3 + 1.0)  # the input stops flowing (``Arrivals``)
-    assert pool.next_change_s("a", now=4.4) == pytest.approx(0.5 + 1.25 * 3.2 + 0.5)
+    assert pool.next_change_s("a", now=3.8) == pytest.approx(0.5 + 1.25 * 3.2 + 0.5)
     assert pool.members(now=5.1) == {"o"}  # c is not waited for any more (and a is not calling now)
     assert _long_rows(pool.lease("a", 8, now=5.1)) == 3
     pool.worker_died("a")
@@ -267,7 +265,7 @@ def test_a_plan_counts_what_a_receiver_leased_since_it_reported():
     # them) still shows its engine empty. The first's four running rows do not move there: the
     # pool counts the items it has leased to the second since (the first actor's batch of 8).
     pool = WorkPool()
-    pool.submit("a", "first", [(f"p{i}", {"max_tokens": 256}) for i in range(8)], now=-1.0)  # input done by 0
+    pool.submit("a", "first", [(f"p{i}", {"max_tokens": 256}) for i in range(8)])
     cpu_like = _steps(0.008, 0.003)
     pool.lease("first", 4, now=0.0, progress=_progress([], cpu_like, slots=4))  # 4 slots: 4 rows would wait
     assert len(pool.lease("second", 8, now=0.0, progress=_progress([], cpu_like))) == 4
@@ -423,27 +421,3 @@ def test_cache_affinity_hands_a_prefix_to_the_worker_that_ran_it_and_never_idles
     pool.submit("only-b", "w2", [(template_b + "row 9", {"max_tokens": 4})])
     pool.hold("w2", 0, now=0.6)  # its engine is full
     assert [i.prompt for i in pool.lease("w3", 1, now=0.6)] == [template_b + "row 9"]
-
-
-def test_the_tail_waits_while_batches_still_come():
-    # Batches arrive every 0.5 s (Ray Data handing out blocks as calls end): a busy worker's
-    # running set is not split toward an idle one while they do (it gets its own rows soon);
-    # twice the longest of those gaps after the last one, it is.
-    pool = WorkPool()
-    for k, t in enumerate((0.0, 0.4, 1.2, 1.5)):
-        pool.submit(f"b{k}", "busy", [(f"p{k}", {"max_tokens": 100})], now=t)
-    taken = [item.item_id for item in pool.lease("busy", 8, now=1.5)]
-    assert len(taken) == 4 and pool.arrivals.flow_ends_s() == pytest.approx(1.5 + 2 * 0.8)
-    cpu_like = _steps(0.008, 0.003)
-    for now, moves in ((3.0, 0), (3.2, 2)):
-        pool.lease("idle", 8, now=now, progress=_progress([], cpu_like))
-        pool.lease("busy", 0, now=now, progress=_progress([(10, 100)] * 4, cpu_like))
-        assert len(pool.plan_give_back("busy", now=now)) == moves, now
-    assert pool.next_change_s("idle", now=2.0) == pytest.approx(3.1)  # a held call wakes then
-
-
-def test_arrivals_end_a_second_after_a_lone_batch_and_never_before_any():
-    pool = WorkPool()
-    assert not pool.arrivals.flowing(0.0) and pool.arrivals.flow_ends_s() == -math.inf
-    pool.submit("only", "w", _rows(1), now=5.0)
-    assert pool.arrivals.flowing(5.9) and not pool.arrivals.flowing(6.0)

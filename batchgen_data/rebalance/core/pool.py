@@ -30,7 +30,6 @@ from collections import OrderedDict, deque
 from typing import Any
 
 from batchgen_data.rebalance.core import leasing, moved, tail
-from batchgen_data.rebalance.core.arrivals import Arrivals
 from batchgen_data.rebalance.core.lengths import OutputLengths
 from batchgen_data.rebalance.core.members import Members
 from batchgen_data.rebalance.core.move_rule import Move
@@ -60,7 +59,6 @@ class WorkPool:
         self._next_expiry = -math.inf  # no lease expires before this (``expire``)
         self.step_total = StepSums()  # every recorded report's step sums, added up (``set_load``)
         self.renewed: dict[str, float] = {}  # worker -> its last heartbeat (its leases last from then)
-        self.arrivals = Arrivals()  # when batches came: while they still do, the tail waits
 
     # -- owners ---------------------------------------------------------------------------------
 
@@ -80,7 +78,6 @@ class WorkPool:
             ids.append(item_id)
         self.batches[batch_key] = Batch(owner, ids)
         self.counters.num_submitted += len(ids)
-        self.arrivals.record(now)
 
     def batch_done(self, batch_key: str) -> bool:
         """All its results are in, or it is gone (``take_batch`` then says None)."""
@@ -168,11 +165,10 @@ class WorkPool:
     def next_change_s(self, worker: str, now: float) -> float | None:
         """The earliest time at which this pool could answer ``worker`` differently with no event
         in between (a given-back item no longer kept from it, its give-back cooldown over, a
-        member no longer waited for, the input no longer flowing); None if nothing is timed."""
+        member no longer waited for); None if nothing is timed."""
         times = [self.items[i].not_for_until for i in self.pending if leasing.kept_from(self.items[i], worker, now)]
         if worker in self.last_gave:
             times.append(self.last_gave[worker] + PARTITION_COOLDOWN_S)
-        times.append(self.arrivals.flow_ends_s())
         times += self.membership.waited_until_times()
         return min((t for t in times if now < t < math.inf), default=None)
 

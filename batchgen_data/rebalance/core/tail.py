@@ -35,9 +35,8 @@ def _unreported(item: WorkItem, tokens_left: float) -> SeqProgress:
 def plan_give_back(pool: WorkPool, worker: str, now: float) -> list[Move]:
     """PARTITION at the tail: which of its sequences ``worker`` should give back.
 
-    Only once nothing is pending (idle actors take unstarted work first) and the stage's input
-    has stopped flowing (``arrivals.Arrivals``), not within the cooldown after its last
-    give-back, and only those ``plan_moves`` names: the alive
+    Only once nothing is pending (idle actors take unstarted work first), not within the
+    cooldown after its last give-back, and only those ``plan_moves`` names: the alive
     workers' reports, each carried forward to ``now`` by the stage's step model
     (``WorkerProgress.advanced``: a worker whose call is held reported when it called),
     receivers being those that take work now (``Members.takes_work``) with empty slots; the stage's pooled step model (calibrated lines
@@ -47,8 +46,6 @@ def plan_give_back(pool: WorkPool, worker: str, now: float) -> list[Move]:
     """
     me = pool.loads.get(worker)
     if pool.pending or me is None or now - pool.last_gave.get(worker, -1e9) < PARTITION_COOLDOWN_S:
-        return []
-    if pool.arrivals.flowing(now):  # blocks still come: a receiver with room now gets its own soon
         return []
     movable = sum(1 for s in me.progress.seqs if s.movable)
     if not movable:
