@@ -52,7 +52,7 @@ class LeasedItem:
 class LeaseReply:
     items: list[LeasedItem] = field(default_factory=list)
     give_back: list[Move] = field(default_factory=list)  # PARTITION: export exactly these (``plan_moves``)
-    num_outstanding: int = 0  # pending plus leased items of the whole stage
+    num_outstanding: int = 0  # the stage's pending and leased items, and rows run outside the pool that may move
     held_s: float = 0.0  # how long the coordinator held the call open (the rest is the round trip)
 
 
@@ -164,7 +164,7 @@ class Coordinator:
                 give_back = []
                 if planned_at != pool.num_reports:  # a plan changes with the reports (or the clock: below)
                     give_back, planned_at = pool.plan_give_back(worker, now), pool.num_reports
-                outstanding = pool.num_outstanding
+                outstanding = pool.outstanding(now)
                 emptiness_changed = known_outstanding is not None and (outstanding == 0) != (known_outstanding == 0)
                 if items or give_back or emptiness_changed or worker in self._woken or now >= deadline:
                     break

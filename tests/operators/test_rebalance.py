@@ -147,9 +147,9 @@ def test_tail_sequences_move_between_engines_and_continue_exactly(ray_cluster, d
 
 def test_rows_run_before_the_pool_started_move_at_the_tail_and_come_out_once(ray_cluster, demo_path, monkeypatch):
     """The first engine runs its eight long rows on its own (no pool yet: they would fit its free
-    slots); another actor then starts the stage's pool. The first finds it while its rows run
-    (``_watch_for_pool``), its rows are movable from then on, and the pool has the second engine
-    take some of them at the tail: they enter the pool as they move (``WorkPool.adopt``), continue
+    slots); another actor then starts the stage's pool and soon has nothing to run. The first
+    finds the pool while its rows run (``_watch_for_pool``), its rows are movable from then on,
+    and the pool has the second engine take some of them at the tail: they enter the pool as they move (``WorkPool.adopt``), continue
     where they stopped, and each row comes out once, as on one engine."""
     import torch
 
@@ -157,7 +157,10 @@ def test_rows_run_before_the_pool_started_move_at_the_tail_and_come_out_once(ray
     from batchgen_data.operators.rebalance import stage_client
     from batchgen_data.rebalance.coordinator import Coordinator
 
-    rows = _rows()
+    # The second actor's rows are short (4 tokens): its own call ends long before the first's
+    # rows do, and it must keep that call open to receive them (``WorkPool.outstanding`` counts
+    # rows run outside the pool); without that, nothing could move to it.
+    rows = [r if r["id"] < 8 else dict(r, sampling_params={"max_tokens": 4, "ignore_eos": True}) for r in _rows()]
     engine_config = _engine_config(demo_path)
     expected = _reference(demo_path, rows, engine_config)
     coordinator = Coordinator(lease_timeout_s=5.0)

@@ -251,6 +251,19 @@ def test_a_row_run_outside_the_pool_is_adopted_as_it_moves():
         pool.adopt("busy", "busy/row-1", "p1", {}, state="s", num_generated=10, now=0.4)
 
 
+def test_rows_run_outside_the_pool_count_as_outstanding_while_their_worker_lives():
+    # An idle actor keeps its last call open while any work could still come to it: rows another
+    # actor runs outside the pool may move to it at the tail.
+    pool = WorkPool(lease_timeout_s=10.0)
+    local = tuple(SeqProgress(10, 100, 30, True, request_id=i, in_pool=False) for i in range(3))
+    pool.lease("busy", 0, now=0.0, progress=WorkerProgress(8, local + (SeqProgress(0, 8, 5, True, request_id=9),),
+                                                            StepSums(), local_tokens=273))
+    assert pool.num_outstanding == 0 and pool.outstanding(now=1.0) == 3
+    assert pool.outstanding(now=20.0) == 0  # its worker is silent past a lease timeout: not waited for
+    pool.lease("busy", 0, now=21.0, progress=WorkerProgress(8, (), StepSums()))
+    assert pool.outstanding(now=21.0) == 0  # they ended
+
+
 def test_an_adopted_rows_batch_leaves_with_its_dead_owner():
     pool = WorkPool()
     assert pool.adopt("owner", "owner/row", "p", {"max_tokens": 8}, state="s", num_generated=2, now=0.0)

@@ -63,8 +63,8 @@ class LeaseLoop:
 
     async def drain(self) -> None:
         """Hold the actor's last open call while it runs pool items or the stage still has
-        outstanding work (pending, or leased by others and so possibly given back to it at the
-        tail); return as soon as the stage's pool is empty (its held lease call returns when it
+        outstanding work (pending, leased by others, or run by others outside the pool: any of it
+        may be given to it at the tail); return as soon as the stage's pool is empty (its held lease call returns when it
         empties). A new call arriving keeps the actor alive instead."""
         state = self.state
         while state.open_calls == 1 and state.pool_ok:

@@ -132,6 +132,7 @@ class WorkPool:
         if old is not None:
             self.step_total = self.step_total.minus(old.progress.step)
         if load is not None:
+            load.local_rows = sum(1 for s in load.progress.seqs if s.movable and not s.in_pool)
             self.loads[worker] = load
             self.step_total = self.step_total.merged(load.progress.step)
 
@@ -272,3 +273,9 @@ class WorkPool:
     @property
     def num_outstanding(self) -> int:
         return len(self.pending) + len(self.leases)
+
+    def outstanding(self, now: float) -> int:
+        """Rows of the stage that could still come to a worker: pending, leased, and the movable
+        rows alive workers run outside the pool (a tail plan may move them): while there are
+        any, an actor keeps its last call open to receive them."""
+        return self.num_outstanding + sum(load.local_rows for w, load in self.loads.items() if self.is_alive(w, now))

@@ -20,6 +20,7 @@ class Load:
     seen: float
     leased_since: list = field(default_factory=list)  # items leased to it with or after that report
     tokens_left: float | None = None  # its sequences' tokens left by that report (``tail``: computed once)
+    local_rows: int = 0  # its movable rows outside the pool by that report (``WorkPool.set_load``)
 
 
 @dataclass(slots=True)
