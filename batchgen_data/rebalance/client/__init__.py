@@ -51,7 +51,8 @@ NOTE: how one actor takes part.
   * Ray Data shuts an actor down once it has no call in flight and no input is left, so an actor
     leases only while one of its own calls is open (items a held lease brings after its last
     call closed go straight back), and its last open call stays open while the stage still has
-    outstanding work (which may come to it at the tail) and until the items it leased are done:
+    outstanding work (pool items, or rows other actors run outside the pool: either may come to
+    it at the tail, ``WorkPool.outstanding``) and until the items it leased are done:
     an actor is never stopped while holding leases. A new call arriving releases the held one.
     With ``max_concurrent_calls_per_actor=1`` no new call can arrive, so batches advance in
     rounds (an actor done with its batch helps the others finish theirs before it takes the
