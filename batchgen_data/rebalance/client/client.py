@@ -229,22 +229,11 @@ class RebalanceClient:
         batch's. If the pool cannot give it, it goes on here from its exported state."""
         state = self.state
         self.stats.migrated_out_bytes += kv_bytes(moved)
-        batch_key = f"{self.worker_id}/{uuid.uuid4().hex}"
-        results = None
-        try:
-            await state.pool.adopt(self.worker_id, batch_key, prompt, params.to_dict(), pack(moved),
-                                   len(moved.output_token_ids), moved.request_id)
-            results = await state.pool.wait_batch(batch_key)
-        except Exception as err:
-            logger.warning("work pool unavailable (%s); running a moved row here", err)
-            state.pool_ok = False
-        finally:
-            if results is None:
-                self._forget_batch(batch_key)
+        results = await self._through_pool(lambda key: state.pool.adopt(
+            self.worker_id, key, prompt, params.to_dict(), pack(moved), len(moved.output_token_ids), moved.request_id))
         if results is not None:
             self.stats.num_adopted += 1
             return state.codec.from_wire(results[0])
-        self.stats.num_fallback_batches += 1
         try:
             out = await self.engine.run_one(prompt, params, state=moved, movable=False, in_pool=False)
         except EngineDeadError as err:
@@ -255,23 +244,29 @@ class RebalanceClient:
         """Rows through the pool: submitted under a key of this call's own (equal rows in
         another call, a copy of the batch or a retry, are another batch, and unseeded sampled
         rows get their own samples), then awaited; None if the pool cannot give them."""
-        state = self.state
         rows = [(p, sp.to_dict()) for p, sp in zip(prompts, params)]
+        results = await self._through_pool(lambda key: self.state.pool.submit(key, self.worker_id, rows))
+        return None if results is None else [self.state.codec.from_wire(r) for r in results]
+
+    async def _through_pool(self, send) -> list[Any] | None:
+        """A batch of this actor's into the pool (``send(batch_key)``: submit, or adopt) under a
+        key of its own, and its results awaited; None if the pool cannot give them (the caller
+        runs the rows here)."""
+        state = self.state
         batch_key = f"{self.worker_id}/{uuid.uuid4().hex}"
         results = None
         try:
-            await state.pool.submit(batch_key, self.worker_id, rows)
+            await send(batch_key)
             results = await state.pool.wait_batch(batch_key)
         except Exception as err:  # the coordinator died or is unreachable: run locally
-            logger.warning("work pool unavailable (%s); running this batch without rebalancing", err)
+            logger.warning("work pool unavailable (%s); running these rows without rebalancing", err)
             state.pool_ok = False
         finally:
             if results is None:  # cancelled, failed or dropped: nobody will take its results
                 self._forget_batch(batch_key)
         if results is None:
             self.stats.num_fallback_batches += 1
-            return None
-        return [state.codec.from_wire(r) for r in results]
+        return results
 
     def _forget_batch(self, batch_key: str) -> None:
         """Tell the pool to drop a batch this actor no longer waits for (not awaited: a

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from batchgen_data.rebalance.core.pool_state import Batch
-from batchgen_data.rebalance.core.work_item import WorkItem, prefix_key
+from batchgen_data.rebalance.core.work_item import WorkItem
 
 if TYPE_CHECKING:
     from batchgen_data.rebalance.core.pool import WorkPool
@@ -43,15 +42,10 @@ def adopt(pool: WorkPool, worker: str, batch_key: str, prompt: Any, params: dict
     the planned receiver. False if that batch exists already (a repeated call adds nothing)."""
     if batch_key in pool.batches:
         return False
-    if "max_tokens" not in params:
-        raise ValueError("an adopted row's params name its max_tokens (SamplingParams.to_dict)")
-    item = WorkItem(f"{batch_key}/0", batch_key, worker, prompt, params, prefix=prefix_key(prompt))
-    pool.items[item.item_id] = item
-    pool.batches[batch_key] = Batch(worker, [item.item_id])
-    pool.last_heard[worker] = max(now, pool.last_heard.get(worker, now))
-    pool.counters.num_submitted += 1
+    pool.submit(batch_key, worker, [(prompt, params)], now)
+    pool.pending.pop()  # submitted last in the queue: it goes to the front, for its receiver
     pool.counters.num_adopted += 1
-    _to_receiver(pool, worker, item, state, num_generated, now, request_id)
+    _to_receiver(pool, worker, pool.items[pool.batches[batch_key].item_ids[0]], state, num_generated, now, request_id)
     return True
 
 

@@ -94,7 +94,8 @@ class SimEngine:
 
     def report(self, step: StepSums, move_latency_s: float) -> WorkerProgress:
         """Its load report (``WorkerProgress``), as the stage's client sends with each lease:
-        running sequences first, then waiting ones; pool items movable, its own rows not."""
+        running sequences first, then waiting ones; pool items movable while their move budget
+        lasts, its own rows (started outside the pool) movable once the stage has a pool."""
         seqs = tuple(
             SeqProgress(s.num_generated, s.max_tokens, s.num_tokens, s.started, movable=s.movable,
                         running=running, request_id=s.request_id, in_pool=s.item_id is not None)
