@@ -37,6 +37,17 @@ def test_rows_that_queue_run_in_rounds_on_one_actor():
     assert abs(result.makespan_s - (1.0 + 20 * 0.014 + 4 * 100 * 0.0001)) < 1e-9
 
 
+def test_blocks_go_to_the_least_busy_actor_as_ray_datas_actor_pool_hands_them_out():
+    # 8 blocks of 4 rows, 4 actors holding up to 4 calls each: Ray Data's pool (pick_actor) gives
+    # each actor 2 blocks, one round of 8 rows each. Filling one actor's calls before the next
+    # would give two actors 16 rows each, two rounds.
+    rows = [Row(0, 10, 10) for _ in range(32)]
+    result = simulate(rows, SimConfig(actors=4, max_num_seqs=8, block_rows=4, tasks_in_flight=4, rebalance=False),
+                      _MODEL)
+    assert abs(result.makespan_s - (1.0 + 10 * (0.01 + 0.002 * 8))) < 1e-9
+    assert result.idle_share < 1e-9
+
+
 def test_a_long_row_stuck_behind_a_full_engine_moves_to_an_idle_actor():
     # Actor 0 gets the only block: 8 rows, 2 slots, a long row last. Without rebalancing it waits
     # for three rounds; with the pool, actor 1 (no block of its own) takes the queued rows.
@@ -48,13 +59,14 @@ def test_a_long_row_stuck_behind_a_full_engine_moves_to_an_idle_actor():
 
 
 def test_long_rows_run_before_the_pool_started_move_to_an_idle_actor():
-    # Actor 0's first block (8 long rows) fits its 8 slots and starts outside the pool; its
-    # second block would queue, so it starts the pool. Actor 1 takes the short blocks and is then
+    # Ray Data hands the blocks out least busy first. Actor 0's first block (8 long rows) fits
+    # its 8 slots and starts outside the pool, as does actor 1's (short rows); actor 0's second
+    # would queue, so it starts the pool, and actor 1's second goes there too. Actor 1 is then
     # idle: the long rows, adopted into the pool as they move, split over both actors.
     rows = [Row(16, 300, 300) for _ in range(8)] + [Row(16, 8, 8) for _ in range(24)]
     config = SimConfig(actors=2, max_num_seqs=8, block_rows=8, tasks_in_flight=2)
     on, off = simulate(rows, config, _MODEL), simulate(rows, replace(config, rebalance=False), _MODEL)
-    assert on.moves > 0 and on.rows_in_pool == 24
+    assert on.moves > 0 and on.rows_in_pool == 16
     # Off: ~300 steps at 8 running (26 ms each); on: about half the rows move early, both actors
     # then run ~4 (18 ms).
     assert on.makespan_s < 0.85 * off.makespan_s, (on, off)

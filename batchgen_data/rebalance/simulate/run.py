@@ -3,8 +3,9 @@ without the work pool (``simulate``).
 
 NOTE: what is modelled, and how.
   * Blocks of ``block_rows`` rows in input order reach the actors as Ray Data's actor pool hands
-    them out: each ready actor holds up to ``tasks_in_flight`` calls, and a call that ends takes
-    the next block. A call ends when all its rows have results, wherever they ran.
+    them out: once every actor has started, each block goes to the actor with the fewest calls
+    in flight (the first such), while one holds fewer than ``tasks_in_flight``; a call that ends
+    frees its slot. A call ends when all its rows have results, wherever they ran.
   * Without rebalancing, a call's rows queue on its own actor's engine.
   * With it, the stage's client rules: while the stage has no pool, a block whose rows fit the
     engine's free slots and KV runs there (``core/local_first``); the first that does not starts
@@ -36,36 +37,12 @@ from batchgen_data.rebalance.core.pool import WorkPool
 from batchgen_data.rebalance.core.step_model import StepSums
 from batchgen_data.rebalance.core.worker_room import slots_freeing_soon
 from batchgen_data.rebalance.simulate.actor import SimEngine, SimSeq
+from batchgen_data.rebalance.simulate.config import SimConfig, SimResult
 from batchgen_data.rebalance.simulate.model import ActorModel
 from batchgen_data.rebalance.simulate.scenario import Row
 
 # The longest a lease call is held with nothing for the actor (the stage client's bound).
 MAX_HOLD_S = 5.0
-
-
-@dataclass(frozen=True, slots=True)
-class SimConfig:
-    actors: int
-    max_num_seqs: int = 256
-    block_rows: int = 64
-    tasks_in_flight: int = 4  # max_tasks_in_flight_per_actor (= concurrent calls); Ray Data's default is 4
-    rebalance: bool = True
-    seed: int = 0
-    jitter: float = 0.0  # relative noise on each step's time (seeded)
-    # An oracle: tail moves only once Ray Data has handed out every block. The pool cannot know
-    # that; it measures what moving while blocks still come costs (docs/benchmarks.md, limit 3).
-    moves_after_input: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class SimResult:
-    makespan_s: float
-    moves: int  # sequences given back at the tail and continued elsewhere
-    moved_tokens: int  # tokens of KV those moves carried or recomputed
-    idle_share: float  # of the actors' time from start-up to the end, the share not stepping
-    rows_in_pool: int
-    lease_calls: int
-    steps: int
 
 
 @dataclass(slots=True)
@@ -97,6 +74,7 @@ class Simulation:
         self.wake_at = [None] * config.actors  # an idle actor's pending wake-up
         self.version = 0  # bumped at every pool change an idle or waiting actor may act on
         self.seen_version = [-1] * config.actors
+        self.call_room = [0] * config.actors  # the room its last call had (none: held until a slot frees)
         self.last_call = [-float("inf")] * config.actors  # its first call comes as it joins, room or not
         self.planned_at = [-1] * config.actors  # the pool's load reports its held call's last plan saw
         self.items: dict[str, tuple[int, int]] = {}  # pool item -> (row, call)
@@ -116,8 +94,8 @@ class Simulation:
                 self.ready[i] = True
                 if self.pool is not None and self.pool_started:
                     self.pool.register(self.engines[i].name, self.now, ready=True, load_s=self.model.startup_s)
-                self._dispatch(i)
-                self._begin_step(i)
+                self._dispatch()  # the blocks' receivers first: an idle actor's first call comes after
+                self._wake(i, self.now)
             elif kind == "step":
                 self._end_step(i)
             elif kind == "wake" and self.wake_at[i] == self.now:
@@ -151,9 +129,17 @@ class Simulation:
 
     # -- Ray Data's side: blocks to calls ------------------------------------------------------
 
-    def _dispatch(self, i: int) -> None:
-        while self.ready[i] and self.open_calls[i] < self.config.tasks_in_flight and self.blocks:
+    def _dispatch(self) -> None:
+        """Ray Data's actor pool (``_ActorPool.pick_actor``): after waiting for its actors to
+        start, each block to the least busy actor with a free slot; idle receivers wake."""
+        if not all(self.ready):
+            return
+        while self.blocks:
+            i = min(range(self.config.actors), key=self.open_calls.__getitem__)
+            if self.open_calls[i] >= self.config.tasks_in_flight:
+                return
             self._start_call(i, self.blocks.popleft())
+            self._wake(i, self.now)
 
     def _start_call(self, i: int, start: int) -> None:
         """A block reaches actor ``i``: its rows start there, or go to the pool (module NOTE)."""
@@ -207,7 +193,7 @@ class Simulation:
             self.open_calls[call.owner] -= 1
             if call.batch_key is not None:
                 self.pool.take_batch(call.batch_key)
-            self._dispatch(call.owner)
+            self._dispatch()
             if call.owner != i:
                 self._wake(call.owner, self.now)
 
@@ -249,13 +235,14 @@ class Simulation:
         report = engine.report(self.step_sums, move_latency_s=2 * model.call_s + step_s)
         soon, _ = slots_freeing_soon(report.seqs, step_s, model.call_s, MAX_HOLD_S)
         room = max(0, engine.max_num_seqs + soon - engine.num_seqs)
-        if not (room and self.seen_version[i] != self.version) and self.now - self.last_call[i] < MAX_HOLD_S:
+        changed = self.seen_version[i] != self.version or not self.call_room[i]
+        if not (room and changed) and self.now - self.last_call[i] < MAX_HOLD_S:
             # Its call is held: the coordinator plans it again whenever the load reports change.
             if self.planned_at[i] != pool.num_reports:
                 self.planned_at[i] = pool.num_reports
                 self._give_back(i, pool.plan_give_back(engine.name, self.now))
             return
-        self.seen_version[i], self.last_call[i] = self.version, self.now
+        self.seen_version[i], self.last_call[i], self.call_room[i] = self.version, self.now, room
         self.lease_calls += 1
         items = pool.lease(engine.name, room, self.now, report)
         for item in items:
