@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
-from batchgen_data.engine.structured.compiler import CLASS_SLICES, GrammarCompiler, _tokenizer_view, view_slices
+from batchgen_data.engine.structured.compiler import CLASS_SLICES, GrammarCompiler, llguidance_view, view_slices
 from batchgen_data.engine.structured.params import StructuredOutputsParams
 
 CLASSES = ["[a-z]", "[A-Z]", "[a-zA-Z]", "[a-zA-Z0-9]", "[0-9]", "[a-f0-9]", "[a-z ]", "[^a-z]"]
@@ -25,7 +25,7 @@ def views(demo_path):
     hf = AutoTokenizer.from_pretrained(str(demo_path))
     eos = sorted(config.eos_token_ids)
     compiler = GrammarCompiler(demo_path, config.vocab_size, frozenset(eos), hf)
-    plain = _tokenizer_view(hf, config.vocab_size, eos, [])  # no slices: the whole trie walked
+    plain = llguidance_view(hf.backend_tokenizer.to_str(), config.vocab_size, eos, [])  # no slices: the whole trie walked
     yield compiler, plain, config.vocab_size, eos
     compiler.close()
 

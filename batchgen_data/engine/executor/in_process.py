@@ -77,10 +77,19 @@ class InProcessExecutor:
         self._clock = clock
         device = config.resolve_device()
         dtype = config.resolve_dtype(device)
-        self.model = MoEModel.from_pretrained(model_path, dtype, device, config.expert_backend,
-                                              expert_shard=expert_shard,
-                                              weight_memory_bytes=config.weight_memory_bytes,
-                                              with_mtp=_uses_mtp(config))
+        # Grammars for structured outputs: the tokenizer views an earlier process built are built
+        # again beside the model load (nothing else loads until a constrained request comes).
+        self.structured = StructuredOutputManager(model_path, ModelConfig.from_pretrained(model_path).vocab_size,
+                                                  eos_token_ids, hf_tokenizer)
+        self.structured.prewarm()
+        try:
+            self.model = MoEModel.from_pretrained(model_path, dtype, device, config.expert_backend,
+                                                  expert_shard=expert_shard,
+                                                  weight_memory_bytes=config.weight_memory_bytes,
+                                                  with_mtp=_uses_mtp(config))
+        except BaseException:
+            self.structured.close()  # no engine to close it: its compile thread stops here
+            raise
         _tune_gemms(self.model, config)
         _use_native_kernels(self.model)
         block_bytes = KVCache.bytes_per_block(self.model.kv_specs, config.block_size)
@@ -91,9 +100,6 @@ class InProcessExecutor:
             config = self.config = dataclasses.replace(config, max_num_batched_tokens=max_model_len)
         num_blocks = _num_kv_blocks(config, running, max_model_len, block_bytes, _kv_share_bytes(self.model, config))
         self.kv_cache = self.model.new_kv_cache(num_blocks, config.block_size)
-        # Grammars for structured outputs (nothing is loaded until a constrained request comes).
-        self.structured = StructuredOutputManager(model_path, self.model.config.vocab_size, eos_token_ids,
-                                                  hf_tokenizer)
         self.scheduler = Scheduler(
             dataclasses.replace(config, max_num_seqs=running) if running != config.max_num_seqs else config,
             num_blocks,

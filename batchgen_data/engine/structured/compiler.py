@@ -1,13 +1,15 @@
 """Constraints to grammars, compiled off the step path and cached by spec. No torch.
 
 The grammar library is llguidance (chosen by measurement: docs/structured-outputs.md). Its
-tokenizer view is built once per engine, on first use, with the model's vocabulary size (a
-checkpoint pads its vocabulary beyond the tokenizer's; the padding tokens are never allowed),
-from the tokenizer the engine already loaded: 1.3 s for the demo's 152k vocabulary, nearly all
-of it the library's own build, where loading and copying a second tokenizer made it 3.2 s.
-Built ahead in the background it made a 2-core engine's start 1.4 s slower (it takes a core
-from the model load's threads), so it is built when the first constrained request comes. A
-compiled grammar is a matcher in its start state; each sequence gets a copy of it.
+tokenizer view is built once per engine with the model's vocabulary size (a checkpoint pads its
+vocabulary beyond the tokenizer's; the padding tokens are never allowed), from the tokenizer the
+engine already loaded: 1.3-1.6 s for the demo's 152k vocabulary the first time on a machine,
+nearly all of it the library's own build, which holds the GIL. That build leaves the view's
+token table on disk (``token_table``), and where a table is stored, ``prewarm`` builds the views
+an earlier process used from it (~0.8 s) beside the engine's model load, so the first
+constrained request finds them built; with no table, the view is built when the first
+constrained request comes (built ahead from the JSON it had made a 2-core engine's start 1.4 s
+slower). A compiled grammar is a matcher in its start state; each sequence gets a copy of it.
 
 NOTE: the library walks the vocabulary's token trie for every mask, except for a "slice" (the
 tokens matching a regex such as ``[a-z]{1,10}``, each token in the first slice that matches it)
@@ -24,14 +26,18 @@ states do not need. Slices change only how a mask is computed, never its bits.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from batchgen_data.engine.structured import token_table
 from batchgen_data.engine.structured.params import StructuredOutputsParams
 from batchgen_data.errors import RequestError, one_line
+
+logger = logging.getLogger(__name__)
 
 # Distinct constraints whose compiled grammar is kept (a job usually has one or a few; one per
 # row must not grow memory without bound).
@@ -73,6 +79,9 @@ class GrammarCompiler:
         self._hf = hf_tokenizer
         self._pool: ThreadPoolExecutor | None = None
         self._views: dict[str, Any] = {}  # "json" / "text" -> llguidance.LLTokenizer
+        self._table: tuple[Path, token_table.TokenTable, set[str]] | None = None  # (path, table, kinds stored)
+        self._path: Path | None = None  # where this tokenizer's table is stored
+        self._tokenizer_json: str | None = None
         self._cache: OrderedDict[str, Future[CompiledGrammar]] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -93,6 +102,25 @@ class GrammarCompiler:
                 self._cache.popitem(last=False)
             return future
 
+    def prewarm(self) -> None:
+        """Build the tokenizer views an earlier process stored a token table for (see
+        ``token_table``), on the compile thread, so a first constrained request need not wait
+        for them; nothing if there is no such table or no loaded tokenizer to tokenize with."""
+        if self._hf is None or _backend(self._hf) is None:
+            return
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batchgen-grammar")
+            self._pool.submit(self._prebuild)
+
+    def _prebuild(self) -> None:
+        try:
+            stored = token_table.load_table(self._table_path(_backend(self._hf)))
+            for kind in stored.kinds if stored is not None else ():
+                self._ll_tokenizer(kind)
+        except Exception as err:  # a view that fails here fails again, with its request, at first use
+            logger.warning("could not build the grammar tokenizer views ahead: %s", one_line(str(err)))
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
@@ -112,17 +140,46 @@ class GrammarCompiler:
 
     def _ll_tokenizer(self, kind: str) -> Any:  # on the (single) compile thread
         """The tokenizer view for ``kind`` ("json" or "text"; see module NOTE): the first is
-        built from the tokenizer (~1.2 s on the demo), the second from the first (~0.5 s)."""
+        built from the token table stored on disk (~0.4 s on the demo) or else from the
+        tokenizer (~1.2 s), the second from the first (~0.3 s)."""
         view = self._views.get(kind)
         if view is None:
             slices = view_slices(kind)
             if self._views:
                 view = next(iter(self._views.values())).with_slices(slices)
             else:
-                view = _tokenizer_view(self._hf or _load_hf(self.tokenizer_folder), self.vocab_size,
-                                       self.eos_token_ids, slices)
+                view = self._first_view(slices)
             self._views[kind] = view
+            if self._table is not None and kind not in self._table[2]:  # a later process builds it ahead
+                path, table, kinds = self._table
+                kinds.add(kind)
+                token_table.save_table(path, table, tuple(kinds))
         return view
+
+    def _first_view(self, slices: list[str]) -> Any:
+        hf = self._hf or _load_hf(self.tokenizer_folder)
+        backend = _backend(hf)
+        if backend is None:
+            return llguidance_hf_view(hf, self.vocab_size, self.eos_token_ids, slices)
+        path = self._table_path(backend)
+        stored = token_table.load_table(path)
+        if stored is not None:
+            table, kinds = stored.table, set(stored.kinds)
+            view = token_table.view_of(table, lambda text: backend.encode(text, add_special_tokens=False).ids,
+                                       self.vocab_size, self.eos_token_ids, slices)
+        else:
+            eos = self.eos_token_ids or hf.eos_token_id
+            view = llguidance_view(self._tokenizer_json, self.vocab_size, eos, slices)
+            table, kinds = token_table.table_of(view), set()
+        self._table, self._tokenizer_json = (path, table, kinds), None
+        return view
+
+    def _table_path(self, backend: Any) -> Path:
+        if self._path is None:
+            self._tokenizer_json = backend.to_str()  # ~0.2 s on the demo: once (kept until the first view)
+            self._path = token_table.table_path(token_table.table_key(self._tokenizer_json, self.vocab_size,
+                                                                      self.eos_token_ids))
+        return self._path
 
 
 def view_slices(kind: str) -> list[str]:
@@ -139,17 +196,28 @@ def _load_hf(folder: Path) -> Any:
     return AutoTokenizer.from_pretrained(str(folder))
 
 
-def _tokenizer_view(hf: Any, vocab_size: int, eos_token_ids: list[int], slices: list[str]) -> Any:
-    """llguidance's view of a fast Hugging Face tokenizer (as ``llguidance.hf.from_tokenizer``
-    builds it, without copying the tokenizer when it has no padding or truncation to drop)."""
-    import llguidance
-    import llguidance.hf
-
+def _backend(hf: Any) -> Any:
+    """The fast tokenizer under a Hugging Face one, where its JSON is the whole tokenizer (no
+    padding or truncation to drop); else None."""
     backend = getattr(hf, "backend_tokenizer", None)
     if backend is None or backend.padding is not None or backend.truncation is not None:
-        return llguidance.hf.from_tokenizer(hf, n_vocab=vocab_size, eos_token=eos_token_ids or None, slices=slices)
-    eos = eos_token_ids or hf.eos_token_id
-    return llguidance.LLTokenizer(backend.to_str(), n_vocab=vocab_size, eos_token=eos, slices=slices)
+        return None
+    return backend
+
+
+def llguidance_view(tokenizer_json: str, vocab_size: int, eos: Any, slices: list[str]) -> Any:
+    """llguidance's view built from a fast tokenizer's JSON (as ``llguidance.hf.from_tokenizer``
+    builds it, without copying the tokenizer)."""
+    import llguidance
+
+    return llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos, slices=slices)
+
+
+def llguidance_hf_view(hf: Any, vocab_size: int, eos_token_ids: list[int], slices: list[str]) -> Any:
+    """llguidance's view of any other Hugging Face tokenizer (``llguidance.hf.from_tokenizer``)."""
+    import llguidance.hf
+
+    return llguidance.hf.from_tokenizer(hf, n_vocab=vocab_size, eos_token=eos_token_ids or None, slices=slices)
 
 
 def no_additional_properties(schema):

@@ -51,6 +51,11 @@ class StructuredOutputManager:
         self.mask_s = 0.0  # seconds spent filling and checking masks (the benchmark's per-step mask time)
         self.lazy_picks = 0  # greedy rows picked without their mask
 
+    def prewarm(self) -> None:
+        """Build, in the background, the tokenizer views an earlier process built for this
+        tokenizer (``token_table``): a first constrained request then need not wait for them."""
+        self.compiler.prewarm()
+
     def attach(self, seq: Sequence) -> None:
         """Start compiling the sequence's grammar (no-op for an unconstrained one)."""
         params = seq.params.structured_outputs  # a StructuredOutputsParams since SamplingParams.verify
