@@ -5,8 +5,10 @@ For every job length L (``--lengths``, default a short 16-token and a long 256-t
 running-set size N (``--sizes``: N rows submitted together, all running at once), the same N
 prompts run greedy for L tokens each (``ignore_eos``, so every row generates all L) without the
 feature and with it, alternating which goes first, ``--reps`` times; the point's figure is the
-median of the per-repetition ratios of milliseconds per output token, feature / plain. The
-report gives each feature's worst point, the figure a target is judged on.
+median of the per-repetition ratios of milliseconds per output token, feature / plain. A grammar
+that completes ends its rows before L, each at its own length: the plain rows then run to those
+same lengths (``plain_like``, learned from one run of the feature first), so both jobs have the
+same shape. The report gives each feature's worst point, the figure a target is judged on.
 
 Features (``--features``, default all): ``logprobs1`` / ``logprobs5`` / ``logprobs20``
 (``logprobs=k``), ``prompt_logprobs`` (5), ``regex`` (an alternation repeated 60 times),
@@ -65,14 +67,23 @@ def feature_params(length: int) -> dict[str, Callable[[int], SamplingParams | li
     }
 
 
-def _ms_per_token(engine: Engine, prompts: list[str], params) -> float:
+def _run(engine: Engine, prompts: list[str], params) -> tuple[float, list[int]]:
+    """Milliseconds per output token, and each row's output length."""
     start = time.perf_counter()
     outputs = engine.generate(prompts, params)
     wall = time.perf_counter() - start
     bad = [o.error for o in outputs if o.error]
     if bad:
         raise RuntimeError(f"benchmark row failed: {bad[0]}")
-    return 1e3 * wall / sum(o.num_generated_tokens for o in outputs)
+    return 1e3 * wall / sum(o.num_generated_tokens for o in outputs), [o.num_generated_tokens for o in outputs]
+
+
+def plain_like(lengths: list[int]) -> list[SamplingParams]:
+    """The plain rows of the same shape as a feature's: each row as long as the feature's row
+    was. A grammar that completes ends its row early, each at its own length; plain rows all
+    running to the job's length would compare a job of another shape (fewer tokens to spread
+    the prefill over, a running set that thins out as rows end)."""
+    return [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in lengths]
 
 
 def sweep(engine: Engine, features: list[str], sizes: list[int], lengths: list[int], reps: int) -> list[dict]:
@@ -87,17 +98,20 @@ def sweep(engine: Engine, features: list[str], sizes: list[int], lengths: list[i
                        for i in range(size)]
             for name in features:
                 ratios = []
+                _, lengths = _run(engine, prompts, params_of[name](size))  # the rows' lengths (greedy: every run's)
+                base = plain_like(lengths) if min(lengths) < length else plain
                 for rep in range(reps):
                     params = params_of[name](size)
                     if rep % 2 == 0:
-                        base_ms = _ms_per_token(engine, prompts, plain)
-                        feature_ms = _ms_per_token(engine, prompts, params)
+                        base_ms, _ = _run(engine, prompts, base)
+                        feature_ms, _ = _run(engine, prompts, params)
                     else:
-                        feature_ms = _ms_per_token(engine, prompts, params)
-                        base_ms = _ms_per_token(engine, prompts, plain)
+                        feature_ms, _ = _run(engine, prompts, params)
+                        base_ms, _ = _run(engine, prompts, base)
                     ratios.append(feature_ms / base_ms)
                 point = {"feature": name, "rows": size, "tokens": length, "ratios": [round(r, 4) for r in ratios],
-                         "median_ratio": round(statistics.median(ratios), 4)}
+                         "median_ratio": round(statistics.median(ratios), 4),
+                         "mean_tokens": round(statistics.fmean(lengths), 1)}
                 points.append(point)
                 print(json.dumps(point), flush=True)
     return points
