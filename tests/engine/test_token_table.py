@@ -120,3 +120,23 @@ def test_an_unreadable_table_is_a_warning_and_is_built_again(tmp_path, caplog):
         assert token_table.load_table(path) is None
     assert "unreadable grammar token table" in caplog.text
     assert token_table.load_table(tmp_path / "missing.json") is None
+
+
+def test_the_forced_text_of_every_row_is_tokenized_once(tmp_path):
+    # The library asks the view to tokenize a grammar's forced text for every row that reaches
+    # it; each call woke the tokenizer's threads (token_table NOTE). The view keeps the tokens.
+    from tiny_checkpoints import build_tokenizer
+
+    backend = build_tokenizer(tmp_path / "bpe").backend_tokenizer
+    own = llguidance_view(backend.to_str(), 600, [2], view_slices("json"))
+    texts = []
+
+    def encode(text):
+        texts.append(text)
+        return backend.encode(text, add_special_tokens=False).ids
+
+    view = token_table.view_of(token_table.table_of(own), encode, 600, [2], view_slices("json"))
+    forced = [llguidance.LLMatcher(view, GRAMMARS[0], log_level=0).compute_ff_tokens() for _ in range(8)]
+    assert forced[0] and all(f == forced[0] for f in forced)
+    assert forced[0] == llguidance.LLMatcher(own, GRAMMARS[0], log_level=0).compute_ff_tokens()
+    assert texts and len(texts) == len(set(texts))  # each text once, for all 8 rows
