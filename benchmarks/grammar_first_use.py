@@ -12,6 +12,7 @@ start-up seconds are reported beside it.
 
     BATCHGEN_DATA_CACHE=$PWD/.cache/batchgen-data .venv/bin/python benchmarks/grammar_first_use.py \\
         --sizes 1,8,16,48,64 --tokens 16 --reps 3 --table stored
+    BATCHGEN_DATA_CACHE=$PWD/.cache/batchgen-data .venv/bin/python benchmarks/grammar_first_use.py --start-ab 6
 """
 
 from __future__ import annotations
@@ -69,6 +70,31 @@ def point(size: int, tokens: int, regex: str, reps: int, table: str) -> dict:
     return result
 
 
+def start_ab(pairs: int) -> dict:
+    """Engine start-up with the token table stored (its views built beside the model load) and
+    without it, alternating which goes first: what building ahead costs a start."""
+    tables = cache_dir() / "grammar-token-tables"
+    aside = cache_dir() / "grammar-token-tables.aside"
+    if not tables.is_dir():
+        raise SystemExit("no stored token table: run a constrained job once first (--table stored)")
+    starts: dict[str, list[float]] = {"stored": [], "none": []}
+    for pair in range(pairs):
+        for mode in ("stored", "none") if pair % 2 == 0 else ("none", "stored"):
+            if mode == "none":
+                tables.rename(aside)
+            try:
+                started = time.perf_counter()
+                engine = Engine("demo", EngineConfig(max_num_seqs=16, max_num_batched_tokens=2048))
+                starts[mode].append(round(time.perf_counter() - started, 3))
+                engine.close()
+            finally:
+                if mode == "none":
+                    aside.rename(tables)
+    result = {"engine_start_s": starts, "median_s": {m: statistics.median(v) for m, v in starts.items()}}
+    print(json.dumps(result), flush=True)
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1,8,16,48,64")
@@ -76,8 +102,15 @@ def main() -> None:
     parser.add_argument("--regex", default="[a-z]{400}")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--table", choices=["stored", "none"], default="stored")
+    parser.add_argument("--start-ab", type=int, default=0, metavar="PAIRS",
+                        help="only time engine starts with the stored table and without it, PAIRS alternating pairs")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    if args.start_ab:
+        result = start_ab(args.start_ab)
+        if args.out is not None:
+            args.out.write_text(json.dumps({"cpu": cpu_model(), **result}, indent=2) + "\n")
+        return
     points = [point(int(s), args.tokens, args.regex, args.reps, args.table) for s in args.sizes.split(",")]
     worst = max(points, key=lambda p: p["median_ratio"])
     print(f"worst point: {worst['median_ratio']:.3f}x at {worst['rows']} rows x {worst['tokens']} tokens "
