@@ -162,16 +162,16 @@ class GrammarCompiler:
         if backend is None:
             return llguidance_hf_view(hf, self.vocab_size, self.eos_token_ids, slices)
         path = self._table_path(backend)
+        eos = self.eos_token_ids or ([hf.eos_token_id] if hf.eos_token_id is not None else [])
         stored = token_table.load_table(path)
         if stored is not None:
             table, kinds = stored.table, set(stored.kinds)
         else:  # the library's own view, read into the table (~0.2 s more, once on a machine)
-            eos = self.eos_token_ids or hf.eos_token_id
             table, kinds = token_table.table_of(llguidance_view(self._tokenizer_json, self.vocab_size, eos, [])), set()
         self._table, self._tokenizer_json = (path, table, kinds), None
         # Always from the table: its tokenize callback keeps the forced texts' tokens (token_table NOTE).
         return token_table.view_of(table, lambda text: backend.encode(text, add_special_tokens=False).ids,
-                                   self.vocab_size, self.eos_token_ids, slices)
+                                   self.vocab_size, eos, slices)
 
     def _table_path(self, backend: Any) -> Path:
         if self._path is None:
