@@ -67,15 +67,21 @@ def feature_params(length: int) -> dict[str, Callable[[int], SamplingParams | li
     }
 
 
-def _run(engine: Engine, prompts: list[str], params) -> tuple[float, list[int]]:
-    """Milliseconds per output token, and each row's output length."""
+def timed_generate(engine: Engine, prompts: list[str], params) -> tuple[float, list[int]]:
+    """One job: its wall seconds and each row's output length (a failed row is an error)."""
     start = time.perf_counter()
     outputs = engine.generate(prompts, params)
     wall = time.perf_counter() - start
     bad = [o.error for o in outputs if o.error]
     if bad:
         raise RuntimeError(f"benchmark row failed: {bad[0]}")
-    return 1e3 * wall / sum(o.num_generated_tokens for o in outputs), [o.num_generated_tokens for o in outputs]
+    return wall, [o.num_generated_tokens for o in outputs]
+
+
+def _run(engine: Engine, prompts: list[str], params) -> tuple[float, list[int]]:
+    """Milliseconds per output token, and each row's output length."""
+    wall, lengths = timed_generate(engine, prompts, params)
+    return 1e3 * wall / sum(lengths), lengths
 
 
 def plain_like(lengths: list[int]) -> list[SamplingParams]:

@@ -24,19 +24,15 @@ import statistics
 import time
 from pathlib import Path
 
+from feature_costs import timed_generate
+
 from batchgen_data import Engine, EngineConfig, SamplingParams
 from batchgen_data.hardware import cpu_model
 from batchgen_data.paths import cache_dir
 
 
 def _job_s(engine: Engine, prompts: list[str], params: SamplingParams) -> float:
-    start = time.perf_counter()
-    outputs = engine.generate(prompts, params)
-    wall = time.perf_counter() - start
-    bad = [o.error for o in outputs if o.error]
-    if bad:
-        raise RuntimeError(f"benchmark row failed: {bad[0]}")
-    return wall
+    return timed_generate(engine, prompts, params)[0]
 
 
 def point(size: int, tokens: int, regex: str, reps: int, table: str) -> dict:

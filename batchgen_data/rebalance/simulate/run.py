@@ -228,8 +228,9 @@ class Simulation:
         self._begin_step(i)
 
     def _lease(self, i: int) -> None:
-        """A lease call where it has room and the pool changed since its last (or its held call's
-        bound passed): its load report in, items and planned give-backs out."""
+        """A lease call where it has room and the pool changed since its last, or its last had no
+        room (held until a slot frees), or its held call's bound passed: its load report in, items
+        and planned give-backs out."""
         engine, pool, model = self.engines[i], self.pool, self.model
         step_s = model.step_model.step_s(max(1, len(engine.running)))
         report = engine.report(self.step_sums, move_latency_s=2 * model.call_s + step_s)
