@@ -140,3 +140,52 @@ def test_the_forced_text_of_every_row_is_tokenized_once(tmp_path):
     assert forced[0] and all(f == forced[0] for f in forced)
     assert forced[0] == llguidance.LLMatcher(own, GRAMMARS[0], log_level=0).compute_ff_tokens()
     assert texts and len(texts) == len(set(texts))  # each text once, for all 8 rows
+
+
+def _sentencepiece_style(folder):
+    """A byte-fallback BPE whose pre-tokenizer prepends "▁" (as Llama's and Mistral's do)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<s>", "</s>",
+                                                                   *(f"<0x{i:02X}>" for i in range(256))])
+    tok.train_from_iterator(["the quick brown fox says yes no maybe later name age"] * 50 + ['é 日本 {"a": 1}'] * 10,
+                            trainer)
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", unk_token="<unk>")
+    hf.save_pretrained(str(folder))
+    return hf
+
+
+def test_a_tokenizer_that_encodes_unlike_the_library_gets_the_librarys_own_view(tmp_path, monkeypatch):
+    # Its encode prepends "▁" to a forced text where the library's view does not: a view over
+    # the table would force other tokens, so the table records it and the library's view is used.
+    monkeypatch.setenv("BATCHGEN_DATA_CACHE", str(tmp_path / "cache"))
+    hf = _sentencepiece_style(tmp_path / "sp")
+    vocab, eos = len(hf) + 7, [hf.eos_token_id]
+    own = llguidance_view(hf.backend_tokenizer.to_str(), vocab, eos, view_slices("json"))
+    for _ in range(2):  # the first compiler writes the table, the second reads it
+        compiler = GrammarCompiler(tmp_path / "sp", vocab, frozenset(eos), hf)
+        try:
+            compiler.prewarm()
+            compiler.submit(StructuredOutputsParams(json={"type": "object"})).result(timeout=60)
+            _, table, _ = compiler._table
+            assert not table.tokenizes_as_library
+            for grammar in GRAMMARS:  # the start states: where the table's view forced another token
+                ours, theirs = (llguidance.LLMatcher(v, grammar, log_level=0) for v in (compiler._views["json"], own))
+                assert np.array_equal(_mask(ours, vocab), _mask(theirs, vocab))
+                assert ours.compute_ff_tokens() == theirs.compute_ff_tokens()
+        finally:
+            compiler.close()
+    bpe = build_tokenizer_for_test(tmp_path / "bpe")
+    backend = bpe.backend_tokenizer
+    assert token_table.table_of(llguidance_view(backend.to_str(), 600, [2], []),
+                                lambda text: backend.encode(text, add_special_tokens=False).ids).tokenizes_as_library
+
+
+def build_tokenizer_for_test(folder):
+    from tiny_checkpoints import build_tokenizer
+
+    return build_tokenizer(folder)

@@ -115,9 +115,10 @@ class GrammarCompiler:
 
     def _prebuild(self) -> None:
         try:
-            stored = token_table.load_table(self._table_path(_backend(self._hf)))
-            for kind in stored.kinds if stored is not None else ():
-                self._ll_tokenizer(kind)
+            stored = self._token_table(self._hf, build=False)
+            if stored is not None and stored[1].tokenizes_as_library:
+                for kind in sorted(stored[2]):
+                    self._ll_tokenizer(kind)
         except Exception as err:  # a view that fails here fails again, with its request, at first use
             logger.warning("could not build the grammar tokenizer views ahead: %s", one_line(str(err)))
 
@@ -161,17 +162,29 @@ class GrammarCompiler:
         backend = _backend(hf)
         if backend is None:
             return llguidance_hf_view(hf, self.vocab_size, self.eos_token_ids, slices)
-        path = self._table_path(backend)
-        eos = self.eos_token_ids or ([hf.eos_token_id] if hf.eos_token_id is not None else [])
-        stored = token_table.load_table(path)
-        if stored is not None:
-            table, kinds = stored.table, set(stored.kinds)
-        else:  # the library's own view, read into the table (~0.2 s more, once on a machine)
-            table, kinds = token_table.table_of(llguidance_view(self._tokenizer_json, self.vocab_size, eos, [])), set()
-        self._table, self._tokenizer_json = (path, table, kinds), None
-        # Always from the table: its tokenize callback keeps the forced texts' tokens (token_table NOTE).
-        return token_table.view_of(table, lambda text: backend.encode(text, add_special_tokens=False).ids,
-                                   self.vocab_size, eos, slices)
+        _, table, _ = self._token_table(hf)
+        if not table.tokenizes_as_library:  # the library's own view (token_table.PROBES)
+            return llguidance_view(backend.to_str(), self.vocab_size, _eos(hf, self.eos_token_ids), slices)
+        # From the table: its tokenize callback keeps the forced texts' tokens (token_table NOTE).
+        return token_table.view_of(table, _encoder(backend), self.vocab_size, _eos(hf, self.eos_token_ids), slices)
+
+    def _token_table(self, hf: Any, build: bool = True) -> tuple[Path, token_table.TokenTable, set[str]] | None:
+        """This tokenizer's table (path, table, kinds stored): read from disk, or else (with
+        ``build``; without it, None) read off the library's own view (~0.2 s more than that view
+        alone, once on a machine); once."""
+        if self._table is None:
+            backend = _backend(hf)
+            path = self._table_path(backend)
+            stored = token_table.load_table(path)
+            if stored is not None:
+                table, kinds = stored.table, set(stored.kinds)
+            elif build:
+                view = llguidance_view(self._tokenizer_json, self.vocab_size, _eos(hf, self.eos_token_ids), [])
+                table, kinds = token_table.table_of(view, _encoder(backend)), set()
+            else:
+                return None
+            self._table, self._tokenizer_json = (path, table, kinds), None
+        return self._table
 
     def _table_path(self, backend: Any) -> Path:
         if self._path is None:
@@ -193,6 +206,16 @@ def _load_hf(folder: Path) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(folder))
+
+
+def _encoder(backend: Any) -> Any:
+    """Text to token ids as the fast tokenizer encodes it (no special tokens added)."""
+    return lambda text: backend.encode(text, add_special_tokens=False).ids
+
+
+def _eos(hf: Any, eos_token_ids: list[int]) -> list[int]:
+    """The model's eos tokens, else the tokenizer's."""
+    return eos_token_ids or ([hf.eos_token_id] if hf.eos_token_id is not None else [])
 
 
 def _backend(hf: Any) -> Any:

@@ -26,16 +26,23 @@ from batchgen_data.paths import cache_dir, write_cache_file
 
 logger = logging.getLogger(__name__)
 
-TABLE_VERSION = 1  # bump when the file's fields change: older files are then rebuilt
+TABLE_VERSION = 2  # bump when the file's fields change: older files are then rebuilt
+
+# Texts the library's own view and the tokenizer's ``encode`` must tokenize alike for a view
+# from the table to be used: a sentencepiece tokenizer's ``encode`` prepends a space ("▁")
+# where the library's view does not, and a view whose forced tokens differ gives other masks.
+PROBES = ('{"name": "', ' x', 'a b', 'Hello world', '\n\n', '"}', '日本', '3.14')
 
 
 @dataclass(frozen=True, slots=True)
 class TokenTable:
     """Every token's bytes (index = token id, up to the model's vocabulary size; padding tokens
-    have none) and the special tokens' ids."""
+    have none), the special tokens' ids, and whether the tokenizer's ``encode`` tokenizes text
+    as the library's own view does (``PROBES``; if not, views are the library's own)."""
 
     tokens: tuple[bytes, ...]
     special_ids: tuple[int, ...]
+    tokenizes_as_library: bool = True
 
 
 def table_key(tokenizer_json: str, vocab_size: int, eos_token_ids: list[int]) -> str:
@@ -56,10 +63,12 @@ def table_path(key: str) -> Path:
     return cache_dir() / "grammar-token-tables" / f"{key}.json"
 
 
-def table_of(view: Any) -> TokenTable:
-    """The token table of an ``llguidance.LLTokenizer`` (as it decodes each token)."""
+def table_of(view: Any, encode: Any = None) -> TokenTable:
+    """The token table of an ``llguidance.LLTokenizer`` (as it decodes each token); with
+    ``encode``, whether it tokenizes the ``PROBES`` as the view does."""
     tokens = tuple(view.decode_bytes([t]) for t in range(view.vocab_size))
-    return TokenTable(tokens, tuple(t for t in range(view.vocab_size) if view.is_special_token(t)))
+    alike = encode is None or all(view.tokenize_bytes(p.encode()) == list(encode(p)) for p in PROBES)
+    return TokenTable(tokens, tuple(t for t in range(view.vocab_size) if view.is_special_token(t)), alike)
 
 
 def view_of(table: TokenTable, encode: Any, vocab_size: int, eos_token_ids: list[int], slices: list[str]) -> Any:
@@ -122,7 +131,8 @@ def load_table(path: Path) -> StoredTable | None:
             start += length
         if values["version"] != TABLE_VERSION or start != len(blob):
             return None
-        return StoredTable(TokenTable(tuple(tokens), tuple(values["special_ids"])), tuple(values["kinds"]))
+        table = TokenTable(tuple(tokens), tuple(values["special_ids"]), bool(values["tokenizes_as_library"]))
+        return StoredTable(table, tuple(values["kinds"]))
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as err:
@@ -133,6 +143,7 @@ def load_table(path: Path) -> StoredTable | None:
 def save_table(path: Path, table: TokenTable, kinds: tuple[str, ...]) -> None:
     """Write ``table`` (a failure is a warning: the next process builds it again)."""
     values = {"version": TABLE_VERSION, "kinds": sorted(set(kinds)), "special_ids": list(table.special_ids),
+              "tokenizes_as_library": table.tokenizes_as_library,
               "lengths": [len(t) for t in table.tokens],
               "tokens": base64.b64encode(b"".join(table.tokens)).decode("ascii")}
     try:
