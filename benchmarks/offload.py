@@ -8,8 +8,10 @@ beside this engine fully resident. One command, same prompts and output lengths 
 Systems, each in its own freshly spawned interpreter (its peak memory is its own):
   batchgen-data resident             every weight in memory
   batchgen-data streamed             ``weight_memory_bytes=budget`` (the default eviction and
-                                     prefetch), plus two variants: LRU eviction with next-layer
-                                     prefetch (the first design) and no prefetch
+                                     prefetch; on CPU decode steps read the experts in place from
+                                     the memory-mapped checkpoint), plus three variants: LRU
+                                     eviction with next-layer prefetch (the first design), no
+                                     prefetch, and every read through the pool (no reads in place)
   accelerate static                  ``device_map="auto", max_memory={"cpu": budget},
                                      offload_folder=...``; transformers ``generate`` on padded
                                      batches sorted by output length (the oracle best case) at
@@ -88,6 +90,8 @@ def child_batchgen(spec: dict) -> dict:
         store.eviction = spec["eviction"]
     if spec.get("prefetch") is False:
         store.prefetch = False
+    if spec.get("read_in_place") is False:
+        store.read_in_place = False
     warm = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
     engine.generate(workload.prompts[:4], [warm] * 4)
     engine.timeline.clear()
@@ -110,7 +114,7 @@ def child_batchgen(spec: dict) -> dict:
             fetch_s=o.fetch_s - b.fetch_s, fetch_wait_s=o.fetch_wait_s - b.fetch_wait_s, pool_bytes=o.pool_bytes,
             pool_slots=o.pool_slots, dense_bytes=o.resident_dense_bytes, model_expert_bytes=o.model_expert_bytes,
             fetch_bytes_per_s=o.fetch_bytes_per_s, planned_running_seqs=o.planned_running_seqs,
-            predicted_fetch_share=o.predicted_fetch_share)
+            predicted_fetch_share=o.predicted_fetch_share, read_in_place=o.read_in_place)
     return result
 
 
@@ -217,7 +221,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--accelerate-batch-sizes", default="32,64")
     parser.add_argument("--per-prompt", type=int, default=4, help="requests accelerate runs one at a time")
-    parser.add_argument("--no-variants", action="store_true", help="skip the LRU and no-prefetch runs")
+    parser.add_argument("--no-variants", action="store_true", help="skip the LRU, no-prefetch and through-pool runs")
+    parser.add_argument("--through-pool", action="store_true",
+                        help="with --no-variants, still run the streamed engine with every read through the pool")
     parser.add_argument("--skip-accelerate", action="store_true", help="this engine's runs only (a quick look)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="auto")
@@ -267,6 +273,8 @@ def main(argv=None) -> dict:
     if not args.no_variants:
         run("batchgen-data streamed, LRU + next-layer prefetch", eviction="lru")
         run("batchgen-data streamed, no prefetch", prefetch=False)
+    if not args.no_variants or args.through_pool:
+        run("batchgen-data streamed, every read through the pool", read_in_place=False)
     if not args.skip_accelerate:
         for bs in [int(b) for b in args.accelerate_batch_sizes.split(",")]:
             run(f"accelerate static bs{bs}", batch_size=bs, per_prompt=0)

@@ -58,6 +58,35 @@ class LayerExperts:
             for field, dest_rows, source_rows in part.into:
                 getattr(dest, field)[row, dest_rows].copy_(source[source_rows])
 
+    def in_place(self, expert_id: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """Expert ``expert_id``'s (gate [F, H], up [F, H], down [H, F]) as the stored tensors
+        themselves (views of the memory map, nothing copied), or None where a projection is not
+        stored so: another dtype (FP8, MXFP4, bf16 for an fp32 engine), transposed, interleaved
+        or with biases."""
+        if self.has_bias:
+            return None
+        found: dict[str, torch.Tensor] = {}
+        for part in self.parts:
+            source = part.read(expert_id)
+            if source.dtype != dtype or not source.is_contiguous() or source.device.type != "cpu":
+                return None
+            for field, dest_rows, source_rows in part.into:
+                if source_rows != _ALL:
+                    return None
+                if field == "w_down" and dest_rows == _ALL:
+                    found["down"] = source
+                elif field == "w_gate_up" and dest_rows == _ALL:
+                    found["gate"], found["up"] = source[: self.ffn], source[self.ffn :]
+                elif field == "w_gate_up" and dest_rows == slice(0, self.ffn):
+                    found["gate"] = source
+                elif field == "w_gate_up" and dest_rows == slice(self.ffn, 2 * self.ffn):
+                    found["up"] = source
+                else:
+                    return None
+        if found.keys() != {"gate", "up", "down"}:
+            return None
+        return found["gate"], found["up"], found["down"]
+
     def bytes_per_expert(self, element_size: int) -> int:
         return ExpertWeights.bytes_per_expert(self.hidden, self.ffn, self.has_bias, element_size)
 

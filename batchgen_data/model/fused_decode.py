@@ -7,8 +7,9 @@ residual block in one call where the layer is one whose options it implements:
 
 - attention: grouped-query attention without biases, clipping or sinks, q/k RMSNorm per head
   or none, rotate-half RoPE over the whole head, any sliding window, fp32 KV pages;
-- MoE: the ``softmax_topk`` router without a bias, resident SwiGLU experts without biases, no
-  shared expert.
+- MoE: the ``softmax_topk`` router without a bias, SwiGLU experts without biases, no shared
+  expert; resident, or streamed ones read in place from the memory-mapped checkpoint
+  (``native/expert_table.py``).
 
 Where every layer of the model is such a layer, ``fused_decode_forward`` runs all of them in one
 call (``decode_forward``: the same two blocks per layer, bitwise), and ``fused_logits`` the final
@@ -30,6 +31,7 @@ from batchgen_data.model.attention.metadata import AttentionBatch
 from batchgen_data.model.moe.experts import SwiGLU
 from batchgen_data.model.moe.native_backend import NativeExperts
 from batchgen_data.model.native import active_native
+from batchgen_data.model.native.expert_table import ExpertTable, stacked_table
 
 # The skinny kernel's row limit; the gain shrinks with the tokens (same-process A/B on the decode
 # benchmark model: 1.26-1.37x at 1 token, 1.04-1.07x at 8, 1.03x at 16 and 32).
@@ -62,19 +64,23 @@ def fused_moe_block(layer, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     """``layer.ffn_block(h)`` for a MoE layer in one native call, or None where it does not apply."""
     if h.shape[0] > MAX_TOKENS or h.dtype != torch.float32 or not h.is_cpu:
         return None
-    weights = _plain_moe(layer)
+    table = _expert_table(layer)
     native = active_native()
-    if weights is None or native is None:
+    if table is None or native is None:
         return None
     router = layer.ffn.router
     return native.decode_layer.moe_block(h.contiguous(), layer.post_attention_norm, layer.eps, router.weight,
-                                         router.top_k, bool(router.config.norm_topk_prob), weights.w_gate_up,
-                                         weights.w_down, _identity(weights.w_gate_up.shape[0]))
+                                         router.top_k, bool(router.config.norm_topk_prob), table)
 
 
-def _plain_moe(layer):
-    """The layer's resident expert weights (row e holding expert e) where its MoE block is one
-    the kernel implements, else None."""
+_NO_TABLE = "none"  # a layer's cached answer: its experts are not ones the kernel reads
+
+
+def _expert_table(layer) -> ExpertTable | None:
+    """Where the layer's routed experts sit, for the kernel (cached on its expert backend), where
+    its MoE block is one the kernel implements and every expert is readable: resident (row e
+    holding expert e), or a streamed store's experts read in place from the memory-mapped
+    checkpoint (``StreamedExpertStore.in_place_table``); else None."""
     block = layer.ffn
     experts = getattr(block, "experts", None)  # a dense FFN has none
     if experts is None or block.shared_expert is not None:
@@ -84,14 +90,22 @@ def _plain_moe(layer):
         return None
     if not isinstance(experts, NativeExperts) or not isinstance(experts.activation, SwiGLU):
         return None
-    store = experts.store
-    if store.capacity is not None:
-        return None
-    weights = store.weights(experts.layer_id, None)
+    cached = experts.decode_table
+    if cached is None:
+        cached = experts.decode_table = _read_table(experts.store, experts.layer_id) or _NO_TABLE
+    return None if cached is _NO_TABLE else cached
+
+
+def _read_table(store, layer_id: int) -> ExpertTable | None:
+    if store.capacity is not None:  # streamed: in place where the checkpoint allows, else never
+        in_place = getattr(store, "in_place_table", None)
+        return in_place(layer_id) if in_place is not None else None
+    weights = store.weights(layer_id, None)
     if (weights.row_of is not None or weights.b_gate_up is not None or weights.wait_row is not None
+            or weights.w_gate_up.dtype != torch.float32 or not weights.w_gate_up.is_cpu
             or not weights.w_gate_up.is_contiguous() or not weights.w_down.is_contiguous()):
         return None  # only every expert resident, row e holding expert e
-    return weights
+    return stacked_table(weights.w_gate_up, weights.w_down)
 
 
 @dataclass(slots=True)
@@ -99,8 +113,8 @@ class ForwardPlan:
     """Every layer's weights and KV pages as the address table ``decode_forward`` reads
     (``kernels.h``), for one model and KV cache; built once."""
 
-    layer_ptrs: torch.Tensor  # [L, 12] int64
-    layer_dims: torch.Tensor  # [L, 9] int64
+    layer_ptrs: torch.Tensor  # [L, 10] int64
+    layer_dims: torch.Tensor  # [L, 8] int64
     num_routed: int  # sum over layers of E: the counts output's length
     head_dim: int
     eps: float
@@ -149,23 +163,20 @@ def _forward_plan(model, kv_cache) -> ForwardPlan | None:
     ptrs, dims, keep = [], [], []
     head_dims, eps, scales = set(), set(), set()
     for layer, pages in zip(model.layers, kv_cache.layers):
-        attention, weights = layer.attention, _plain_moe(layer)
-        if not _plain_gqa(attention) or weights is None or len(pages) != 2:
+        attention, table = layer.attention, _expert_table(layer)
+        if not _plain_gqa(attention) or table is None or len(pages) != 2:
             return None
         k_cache, v_cache = pages
         if any(t.dtype != torch.float32 or not t.is_cpu or not t.is_contiguous()
                for t in (k_cache, v_cache, layer.input_norm, layer.post_attention_norm, layer.ffn.router.weight)):
             return None
         router = layer.ffn.router
-        row_of = _identity(weights.w_gate_up.shape[0])
-        keep.append(row_of)
+        keep.append(table)
         ptrs.append([layer.input_norm.data_ptr(), attention.w_qkv.data_ptr(), _address(attention.q_norm),
                      _address(attention.k_norm), k_cache.data_ptr(), v_cache.data_ptr(), attention.w_o.data_ptr(),
-                     layer.post_attention_norm.data_ptr(), router.weight.data_ptr(), weights.w_gate_up.data_ptr(),
-                     weights.w_down.data_ptr(), row_of.data_ptr()])
+                     layer.post_attention_norm.data_ptr(), router.weight.data_ptr(), table.addresses.data_ptr()])
         dims.append([attention.num_heads, attention.num_kv_heads, attention.head_dim, attention.sliding_window or 0,
-                     router.weight.shape[0], router.top_k, int(bool(router.config.norm_topk_prob)),
-                     weights.w_down.shape[2], weights.w_gate_up.shape[0]])
+                     router.weight.shape[0], router.top_k, int(bool(router.config.norm_topk_prob)), table.ffn])
         head_dims.add(attention.head_dim), eps.update((attention.eps, layer.eps)), scales.add(attention.scale)
     if not ptrs or len(head_dims) != 1 or len(eps) != 1 or len(scales) != 1:
         return None
@@ -181,15 +192,6 @@ def _plain_gqa(attention) -> bool:
     return (isinstance(attention, GQAAttention) and attention.b_qkv is None and attention.b_o is None
             and attention.clip_qkv is None and attention.sinks is None and attention.qk_norm in (None, "head")
             and attention.w_qkv.is_contiguous() and attention.w_o.is_contiguous())
-
-
-_IDENTITY: dict[int, torch.Tensor] = {}
-
-
-def _identity(n: int) -> torch.Tensor:
-    if n not in _IDENTITY:
-        _IDENTITY[n] = torch.arange(n, dtype=torch.int64)
-    return _IDENTITY[n]
 
 
 def fused_logits(model, hidden: torch.Tensor) -> torch.Tensor | None:

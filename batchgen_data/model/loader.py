@@ -23,6 +23,7 @@ from batchgen_data.model.expert_sources import LayerExperts, layer_experts, read
 from batchgen_data.model.layers import GatedMLP, SharedExpert
 from batchgen_data.model.moe.backends import make_expert_backend
 from batchgen_data.model.moe.experts import SWIGLU, ClampedSwiGLU, ExpertActivation, ExpertWeights
+from batchgen_data.model.moe.in_place import in_place_tables
 from batchgen_data.model.moe.router import Router
 from batchgen_data.model.moe.store import (
     ExpertShard,
@@ -100,7 +101,8 @@ def _streamed_store(reader: CheckpointReader, config: ModelConfig, budget: int, 
         logger.info("weight_memory_bytes=%d holds the whole model: experts stay resident", budget)
         return None
     return StreamedExpertStore(_tier(layers, reader), sparse, num_experts, num_slots, first.hidden, first.ffn,
-                               first.has_bias, reader.dtype, reader.device)
+                               first.has_bias, reader.dtype, reader.device,
+                               in_place=in_place_tables(layers, reader.folder, reader.dtype, reader.device))
 
 
 def _tier(layers: dict[int, LayerExperts], reader: CheckpointReader) -> Fill:

@@ -148,6 +148,7 @@ class OffloadStats:
     fetch_bytes_per_s: float  # measured at load
     planned_running_seqs: int
     predicted_fetch_share: float
+    read_in_place: bool = False  # decode steps read the experts from the memory-mapped checkpoint (no copies)
 
     @property
     def fetch_overlap(self) -> float:
@@ -160,7 +161,8 @@ class OffloadStats:
         num_experts_total = len(store.layer_ids()) * store.num_experts
         return cls(model.dense_weight_bytes, store.nbytes, store.capacity, num_experts_total * store.bytes_per_expert,
                    s.bytes_fetched, s.num_hits, s.num_misses, s.num_prefetched, s.hit_rate, s.fetch_s, s.wait_s,
-                   plan.fetch_bytes_per_s, plan.running_seqs, plan.predicted_fetch_share)
+                   plan.fetch_bytes_per_s, plan.running_seqs, plan.predicted_fetch_share,
+                   store.in_place_table(store.layer_ids()[0]) is not None)
 
 
 def step_fetch_fields(before: StreamStats, after: StreamStats) -> dict[str, float]:

@@ -43,6 +43,7 @@ class NativeExperts:
             use_grouped_mm = (sample.w_gate_up.is_cuda and hasattr(torch, "_grouped_mm") and store.capacity is None
                               and sample.b_gate_up is None and isinstance(activation, SwiGLU))
         self.use_grouped_mm = use_grouped_mm
+        self.decode_table = None  # the decode kernels' expert table, cached by ``fused_decode``
 
     def __call__(self, x: torch.Tensor, routing: Routing) -> ExpertOutput:
         num_experts = self.store.num_experts

@@ -63,6 +63,10 @@ class StreamedStore(ExpertStore, Protocol):
         """Fill the pool at load; the measured fetch rate in bytes/s."""
         ...
 
+    def in_place_table(self, layer_id: int) -> ExpertTable | None:
+        """The layer's experts where the decode kernels may read them in place, or None."""
+        ...
+
     def close(self) -> None:
         """Stop the fetch thread."""
         ...

@@ -38,6 +38,7 @@ from batchgen_data.model.moe.fetcher import ExpertFetcher, Fill
 from batchgen_data.model.moe.prefetch import PrefetchPredictor
 from batchgen_data.model.moe.slot_pool import QUEUED, Key, SlotPool
 from batchgen_data.model.moe.stream_stats import StreamStats
+from batchgen_data.model.native.expert_table import ExpertTable
 
 
 class StreamedExpertStore:
@@ -49,12 +50,15 @@ class StreamedExpertStore:
 
     def __init__(self, fill: Fill, layer_ids: list[int], num_experts: int, num_slots: int,
                  hidden: int, ffn: int, has_bias: bool, dtype: torch.dtype,
-                 device: torch.device | str, eviction: str = "next_use", prefetch: bool = True):
+                 device: torch.device | str, eviction: str = "next_use", prefetch: bool = True,
+                 in_place: dict[int, ExpertTable] | None = None):
         check_eviction(eviction)
         if num_slots < 1:
             raise ValueError(f"a streamed store needs at least one slot, got {num_slots}")
         self.num_experts, self.capacity = num_experts, num_slots
         self.prefetch = prefetch  # queue the upcoming layers' likely experts after each request
+        self._in_place = in_place or {}
+        self.read_in_place = bool(in_place)  # decode kernels read the mapped tier (settable before first use)
         self.stats = StreamStats()
         self._slots = SlotPool(num_slots, hidden, ffn, has_bias, dtype, device)
         self.pool = self._slots.weights  # [S, ...] every answer's rows
@@ -112,6 +116,11 @@ class StreamedExpertStore:
         pool = self.pool
         return ExpertWeights(pool.w_gate_up, pool.w_down, pool.b_gate_up, pool.b_down, row_of,
                              self._fetcher.wait_row)
+
+    def in_place_table(self, layer_id: int) -> ExpertTable | None:
+        """The layer's experts in the slower tier itself, for the decode kernels to read in place
+        (``moe/in_place.py``), or None: every read goes through the pool."""
+        return self._in_place.get(layer_id) if self.read_in_place else None
 
     # -- load time ------------------------------------------------------------------------------
 

@@ -47,12 +47,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   }, py::call_guard<py::gil_scoped_release>());
   m.def("moe_block_decode", [](std::uintptr_t h, std::uintptr_t h_out, int64_t T, int64_t H, std::uintptr_t norm_w,
                                double eps, std::uintptr_t w_router, int64_t E, int64_t K, bool renormalize,
-                               std::uintptr_t w_gate_up, std::uintptr_t w_down, int64_t F, std::uintptr_t row_of,
-                               int64_t num_rows, std::uintptr_t counts) {
+                               std::uintptr_t experts, int64_t F, std::uintptr_t counts) {
     return moe_block_decode(as<const float>(h), as<float>(h_out), T, H, as<const float>(norm_w),
                             static_cast<float>(eps), as<const float>(w_router), E, K, renormalize,
-                            as<const float>(w_gate_up), as<const float>(w_down), F, as<const int64_t>(row_of),
-                            num_rows, as<int64_t>(counts));
+                            as<const int64_t>(experts), F, as<int64_t>(counts));
   }, py::call_guard<py::gil_scoped_release>());
   m.def("decode_forward", [](std::uintptr_t h, int64_t T, int64_t H, int64_t L, std::uintptr_t layer_ptrs,
                              std::uintptr_t layer_dims, double eps, std::uintptr_t cos, std::uintptr_t sin,

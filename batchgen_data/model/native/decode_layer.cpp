@@ -84,11 +84,9 @@ bool attention_block_decode(const float* h, float* h_out, int64_t T, int64_t H, 
 }
 
 bool moe_block_decode(const float* h, float* h_out, int64_t T, int64_t H, const float* norm_w, float eps,
-                      const float* w_router, int64_t E, int64_t K, bool renormalize, const float* w_gate_up,
-                      const float* w_down, int64_t F, const int64_t* row_of, int64_t num_rows, int64_t* counts) {
+                      const float* w_router, int64_t E, int64_t K, bool renormalize, const int64_t* experts,
+                      int64_t F, int64_t* counts) {
   if (K < 1 || K > E) return false;
-  for (int64_t e = 0; e < E; ++e)
-    if (row_of[e] < -1 || row_of[e] >= num_rows) return false;
   std::vector<float> x(static_cast<size_t>(T * H)), logits(static_cast<size_t>(T * E));
   rms_norm_rows(h, norm_w, x.data(), T, H, eps);
   skinny_into(x.data(), w_router, logits.data(), T, H, E);
@@ -114,13 +112,13 @@ bool moe_block_decode(const float* h, float* h_out, int64_t T, int64_t H, const 
     for (int64_t j = 0; j < K; ++j) {
       ids[t * K + j] = order[j];
       weights[t * K + j] = renormalize ? p[order[j]] / kept : p[order[j]];
-      if (row_of[order[j]] < 0) return false;  // an expert this store does not hold
+      if (experts[order[j] * 3] == 0) return false;  // an expert this store does not hold
       ++counts[order[j]];
     }
   }
   // The routes grouped by expert in ascending id, tokens in order within each (as the
   // expert-sorted routes of the torch path), then every expert in two parallel regions.
-  std::vector<int64_t> starts{0}, rows, token_of;
+  std::vector<int64_t> starts{0}, addrs, token_of;
   std::vector<float> route_w, xs;
   token_of.reserve(static_cast<size_t>(T * K));
   for (int64_t e = 0; e < E; ++e) {
@@ -132,12 +130,12 @@ bool moe_block_decode(const float* h, float* h_out, int64_t T, int64_t H, const 
           route_w.push_back(weights[t * K + j]);
           xs.insert(xs.end(), x.data() + t * H, x.data() + (t + 1) * H);
         }
-    rows.push_back(row_of[e]);
+    addrs.insert(addrs.end(), experts + e * 3, experts + e * 3 + 3);
     starts.push_back(static_cast<int64_t>(token_of.size()));
   }
   std::vector<float> acc(static_cast<size_t>(T * H));
-  swiglu_routed_into(xs.data(), token_of.data(), route_w.data(), starts.data(), rows.data(),
-                     static_cast<int64_t>(rows.size()), T, H, F, w_gate_up, w_down, acc.data());
+  swiglu_routed_into(xs.data(), token_of.data(), route_w.data(), starts.data(), addrs.data(),
+                     static_cast<int64_t>(starts.size()) - 1, T, H, F, acc.data());
   for (int64_t i = 0; i < T * H; ++i) h_out[i] = h[i] + acc[i];
   return true;
 }
@@ -160,8 +158,7 @@ bool decode_forward(float* h, int64_t T, int64_t H, int64_t L, const int64_t* la
       return false;
     const auto t1 = std::chrono::steady_clock::now();
     if (!moe_block_decode(mid.data(), out.data(), T, H, as_f(p[7]), eps, as_f(p[8]), d[4], d[5], d[6] != 0,
-                          as_f(p[9]), as_f(p[10]), d[7], reinterpret_cast<const int64_t*>(p[11]), d[8],
-                          counts + expert_offset))
+                          reinterpret_cast<const int64_t*>(p[9]), d[7], counts + expert_offset))
       return false;
     const auto t2 = std::chrono::steady_clock::now();
     seconds[0] += std::chrono::duration<double>(t1 - t0).count();

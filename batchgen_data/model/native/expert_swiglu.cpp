@@ -56,8 +56,8 @@ bool swiglu_experts_into(const float* x, float* y, int64_t R, int64_t H, int64_t
 int64_t routed_f_chunks(int64_t F) { return std::clamp<int64_t>(F / 512, 1, 16); }
 
 void swiglu_routed_into(const float* x_sorted, const int64_t* token_of, const float* route_w, const int64_t* starts,
-                        const int64_t* rows, int64_t num_used, int64_t T, int64_t H, int64_t F,
-                        const float* w_gate_up, const float* w_down, float* acc) {
+                        const int64_t* addrs, int64_t num_used, int64_t T, int64_t H, int64_t F, float* acc) {
+  auto at = [addrs](int64_t i, int64_t which) { return reinterpret_cast<const float*>(addrs[i * 3 + which]); };
   const int64_t R = starts[num_used];
   std::vector<float> act(static_cast<size_t>(R * F)), y(static_cast<size_t>(R * H));
   const int64_t C = routed_f_chunks(F);
@@ -72,10 +72,9 @@ void swiglu_routed_into(const float* x_sorted, const int64_t* token_of, const fl
       for (int64_t i = 0; i < num_used; ++i) {
         const int64_t lo = starts[i], n = starts[i + 1] - starts[i];
         if (n == 0 || fc == 0) continue;
-        const float* wgu = w_gate_up + rows[i] * 2 * F * H;
         const float* x = x_sorted + lo * H;
-        skinny_serial(x, wgu + f0 * H, act.data() + lo * F + f0, n, H, fc, H, F);
-        skinny_serial(x, wgu + (F + f0) * H, up.data(), n, H, fc, H, fc);
+        skinny_serial(x, at(i, 0) + f0 * H, act.data() + lo * F + f0, n, H, fc, H, F);
+        skinny_serial(x, at(i, 1) + f0 * H, up.data(), n, H, fc, H, fc);
         for (int64_t m = 0; m < n; ++m) silu_mul(act.data() + (lo + m) * F + f0, up.data() + m * fc, fc);
       }
     }
@@ -87,7 +86,7 @@ void swiglu_routed_into(const float* x_sorted, const int64_t* token_of, const fl
       for (int64_t i = 0; i < num_used; ++i) {
         const int64_t lo = starts[i], n = starts[i + 1] - starts[i];
         if (n == 0 || hc == 0) continue;
-        skinny_serial(act.data() + lo * F, w_down + rows[i] * H * F + h0 * F, y.data() + lo * H + h0, n, F, hc, F, H);
+        skinny_serial(act.data() + lo * F, at(i, 2) + h0 * F, y.data() + lo * H + h0, n, F, hc, F, H);
       }
     }
   });

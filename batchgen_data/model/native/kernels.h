@@ -19,16 +19,17 @@ bool swiglu_experts_into(const float* x, float* y, int64_t R, int64_t H, int64_t
 
 // The routed experts of one MoE layer: acc [T, H] = the sum over routes
 // (token token_of[r], weight route_w[r]) of the weight times the SwiGLU expert of x_sorted [R, H]
-// row r, the rows grouped by expert (segment i = starts[i] .. starts[i+1], weight row rows[i] of
-// w_gate_up [*, 2F, H] and w_down [*, H, F]). Two parallel regions for the whole layer, not two
+// row r, the rows grouped by expert (segment i = starts[i] .. starts[i+1], its expert's weights at
+// the addresses addrs[3i .. 3i+2]: gate [F, H], up [F, H] and down [H, F], each row-major; the
+// gate and up of a stacked [2F, H] row, or separate tensors such as a memory-mapped checkpoint's
+// per-expert w1 and w3). Two parallel regions for the whole layer, not two
 // joins per expert: in the first each of routed_f_chunks(F) chunks takes its slice of every
 // expert's F (gate and up rows, SiLU and product), in the second its slice of the outputs (rows
 // of w_down, whole). Every weight row is read once, contiguously, and every output is one full
 // dot product, so the result does not depend on the thread count.
 int64_t routed_f_chunks(int64_t F);
 void swiglu_routed_into(const float* x_sorted, const int64_t* token_of, const float* route_w, const int64_t* starts,
-                        const int64_t* rows, int64_t num_used, int64_t T, int64_t H, int64_t F,
-                        const float* w_gate_up, const float* w_down, float* acc);
+                        const int64_t* addrs, int64_t num_used, int64_t T, int64_t H, int64_t F, float* acc);
 
 // Every page the B contexts need is named in table [B, P] and exists.
 bool pages_valid(const int64_t* table, const int64_t* ctx, int64_t B, int64_t P, int64_t block_size,
@@ -54,12 +55,12 @@ bool attention_block_decode(const float* h, float* h_out, int64_t T, int64_t H, 
                             int64_t window);
 
 // h_out = h + MoE(rms_norm(h)) for T tokens: the softmax_topk router (w_router [E, H]), SwiGLU
-// experts in rows row_of[e] (-1: not held) of w_gate_up [num_rows, 2F, H] and w_down
-// [num_rows, H, F]; counts [E] gets the routed tokens per expert. False for a routed expert
-// that is not held or rows out of range.
+// experts of FFN size F whose weights sit at the addresses experts [E, 3] (gate [F, H], up [F, H],
+// down [H, F]; 0: not held); counts [E] gets the routed tokens per expert. False for a routed
+// expert that is not held.
 bool moe_block_decode(const float* h, float* h_out, int64_t T, int64_t H, const float* norm_w, float eps,
-                      const float* w_router, int64_t E, int64_t K, bool renormalize, const float* w_gate_up,
-                      const float* w_down, int64_t F, const int64_t* row_of, int64_t num_rows, int64_t* counts);
+                      const float* w_router, int64_t E, int64_t K, bool renormalize, const int64_t* experts,
+                      int64_t F, int64_t* counts);
 
 // For logprobs, per row i of x [n, V], reading it once from memory: log_norm[i] = log sum_j
 // exp(x[i, j]); its k largest logits (top_values [n, k] descending, top_ids [n, k]; ties: the
@@ -109,12 +110,12 @@ bool first_argmax_rows(const float* x, int64_t n, int64_t V, int64_t* out);
 // A whole decode forward over L decoder layers, each ``attention_block_decode`` then
 // ``moe_block_decode``, h [T, H] updated in place. Per layer, layer_ptrs [L, kLayerPtrs]: input
 // norm, w_qkv, q_norm (or 0), k_norm (or 0), k_cache, v_cache, w_o, post-attention norm,
-// w_router, w_gate_up, w_down, row_of; layer_dims [L, kLayerDims]: Nq, Nkv, D, window, E, K,
-// renormalize, F, num_rows. counts gets every layer's routed tokens per expert in turn;
+// w_router, experts (the [E, 3] address table of ``moe_block_decode``); layer_dims [L, kLayerDims]:
+// Nq, Nkv, D, window, E, K, renormalize, F. counts gets every layer's routed tokens per expert in turn;
 // seconds [4]: the attention blocks' and the MoE blocks' wall time, the (layer, expert) pairs
 // that ran and the token rows they ran. False as the blocks are.
-constexpr int64_t kLayerPtrs = 12;
-constexpr int64_t kLayerDims = 9;
+constexpr int64_t kLayerPtrs = 10;
+constexpr int64_t kLayerDims = 8;
 bool decode_forward(float* h, int64_t T, int64_t H, int64_t L, const int64_t* layer_ptrs, const int64_t* layer_dims,
                     float eps, const float* cos, const float* sin, const int64_t* slots, int64_t num_blocks,
                     int64_t block_size, const int64_t* table, const int64_t* ctx, int64_t P, float scale,

@@ -13,6 +13,8 @@ from types import ModuleType
 import numpy as np
 import torch
 
+from batchgen_data.model.native.expert_table import ExpertTable
+
 
 @dataclass(slots=True)
 class LogitTopK:
@@ -272,15 +274,17 @@ class DecodeLayerKernels:
         return out
 
     def moe_block(self, h: torch.Tensor, norm_w: torch.Tensor, eps: float, w_router: torch.Tensor, top_k: int,
-                  renormalize: bool, w_gate_up: torch.Tensor, w_down: torch.Tensor, row_of: torch.Tensor
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+                  renormalize: bool, experts: ExpertTable) -> tuple[torch.Tensor, torch.Tensor]:
+        """h + the MoE block of ``h`` [T, H] and the routed tokens per expert; the experts' weights
+        at ``experts``' addresses (``expert_table.py``)."""
         tokens, hidden = h.shape
         num_experts = w_router.shape[0]
+        if experts.num_experts != num_experts:
+            raise ValueError(f"moe_block: {num_experts} router rows, an expert table of {experts.num_experts}")
         out = torch.empty_like(h)
         counts = torch.empty(num_experts, dtype=torch.int64)
         if not self.library.moe_block_decode(
                 h.data_ptr(), out.data_ptr(), tokens, hidden, norm_w.data_ptr(), eps, w_router.data_ptr(),
-                num_experts, top_k, renormalize, w_gate_up.data_ptr(), w_down.data_ptr(), w_down.shape[2],
-                row_of.data_ptr(), w_gate_up.shape[0], counts.data_ptr()):
+                num_experts, top_k, renormalize, experts.addresses.data_ptr(), experts.ffn, counts.data_ptr()):
             raise ValueError("moe_block_decode: a routed expert is not held here, or top_k is out of range")
         return out, counts
