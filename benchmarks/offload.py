@@ -93,7 +93,7 @@ def child_batchgen(spec: dict) -> dict:
     if spec.get("read_in_place") is False:
         store.read_in_place = False
     warm = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
-    engine.generate(workload.prompts[:4], [warm] * 4)
+    engine.generate(workload.prompts[:4], warm)
     engine.timeline.clear()
     before = engine.stats()
     params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in workload.output_lens]
