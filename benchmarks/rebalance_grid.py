@@ -124,7 +124,11 @@ def main() -> None:
     parser.add_argument("--only", default=None, help="comma-separated scenario names")
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--block-rows", type=int, default=64)
-    parser.add_argument("--tasks-in-flight", type=int, default=4, help="Ray Data's default max_tasks_in_flight_per_actor")
+    parser.add_argument("--tasks-in-flight", type=int, default=4, help="blocks Ray Data hands an actor at once "
+                        "(max_tasks_in_flight_per_actor; Ray 2.60: 2x --concurrent-calls)")
+    parser.add_argument("--concurrent-calls", type=int, default=None,
+                        help="calls an actor runs at once (max_concurrent_batches; the processor's default is 8); "
+                             "default: --tasks-in-flight")
     parser.add_argument("--step-model", type=Path, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--moves-after-input", action="store_true",
@@ -137,7 +141,7 @@ def main() -> None:
     report = {"cpu": cpu_model(), "rows": args.rows, "actors": actors, "scenarios": names,
               "model_name": str(args.step_model or "the demo model's default step model"), "model": model.to_dict(),
               "max_num_seqs": args.max_num_seqs, "block_rows": args.block_rows,
-              "tasks_in_flight": args.tasks_in_flight, "seed": args.seed,
+              "tasks_in_flight": args.tasks_in_flight, "concurrent_calls": args.concurrent_calls, "seed": args.seed,
               "moves_after_input": args.moves_after_input, "results": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
@@ -146,7 +150,7 @@ def main() -> None:
             rows = read_scenario(path)  # what the command line would read
             for a in actors:
                 config = SimConfig(a, args.max_num_seqs, args.block_rows, args.tasks_in_flight, True, args.seed,
-                                   moves_after_input=args.moves_after_input)
+                                   moves_after_input=args.moves_after_input, concurrent_calls=args.concurrent_calls)
                 result = run_scenario(rows, config, model)
                 report["results"][f"{name}/{a}"] = result
                 print(f"{name:12s} {a:4d} actors: {result['makespan_over_bound']:.3f}x bound "

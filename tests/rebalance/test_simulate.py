@@ -48,6 +48,20 @@ def test_blocks_go_to_the_least_busy_actor_as_ray_datas_actor_pool_hands_them_ou
     assert result.idle_share < 1e-9
 
 
+def test_a_block_beyond_the_actors_concurrent_calls_waits_at_the_actor_until_a_call_ends():
+    # One actor, two blocks of 4 rows (10 and 20 tokens), 8 slots. Ray 2.60 hands it both blocks
+    # (2 tasks in flight); with one concurrent call the second block's call starts only when the
+    # first's last row ends: 10 steps at 4 running, then 20 at 4. With two calls, both run
+    # together: 10 steps at 8 running, then 10 at 4.
+    rows = [Row(0, 10, 10) for _ in range(4)] + [Row(0, 20, 20) for _ in range(4)]
+    config = SimConfig(actors=1, max_num_seqs=8, block_rows=4, tasks_in_flight=2, rebalance=False)
+    one_call = simulate(rows, replace(config, concurrent_calls=1), _MODEL)
+    assert abs(one_call.makespan_s - (1.0 + 30 * (0.01 + 0.002 * 4))) < 1e-9
+    two_calls = simulate(rows, replace(config, concurrent_calls=2), _MODEL)
+    assert abs(two_calls.makespan_s - (1.0 + 10 * (0.01 + 0.002 * 8) + 10 * (0.01 + 0.002 * 4))) < 1e-9
+    assert simulate(rows, config, _MODEL).makespan_s == two_calls.makespan_s  # None: as many as in flight
+
+
 def test_a_long_row_stuck_behind_a_full_engine_moves_to_an_idle_actor():
     # Actor 0 gets the only block: 8 rows, 2 slots, a long row last. Without rebalancing it waits
     # for three rounds; with the pool, actor 1 (no block of its own) takes the queued rows.
@@ -85,14 +99,15 @@ def test_the_same_seed_gives_the_same_run_and_another_seed_another():
 @settings(max_examples=60, deadline=None)
 @given(outputs=st.lists(st.integers(1, 300), min_size=1, max_size=60), prompts=st.integers(0, 200),
        actors=st.integers(1, 6), max_num_seqs=st.integers(1, 8), block_rows=st.integers(1, 16),
-       tasks=st.integers(1, 3), budget=st.integers(0, 64))
+       tasks=st.integers(1, 4), calls=st.one_of(st.none(), st.integers(1, 2)), budget=st.integers(0, 64))
 def test_generated_scenarios_finish_every_row_once_and_never_beat_the_lower_bound(
-        outputs, prompts, actors, max_num_seqs, block_rows, tasks, budget):
+        outputs, prompts, actors, max_num_seqs, block_rows, tasks, calls, budget):
     rows = [Row(prompts, n, n + budget) for n in outputs]
     bound = lower_bound_s(rows, actors, max_num_seqs, _MODEL)
     for rebalance in (False, True):
         # ``run`` raises if a row is left undone or a pool item outstanding; steps count tokens
-        result = simulate(rows, SimConfig(actors, max_num_seqs, block_rows, tasks, rebalance), _MODEL)
+        result = simulate(rows, SimConfig(actors, max_num_seqs, block_rows, tasks, rebalance, concurrent_calls=calls),
+                          _MODEL)
         assert result.makespan_s >= bound - 1e-9, (rebalance, result.makespan_s, bound)
 
 

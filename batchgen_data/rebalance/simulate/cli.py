@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-rows", type=int, default=_DEFAULTS["block_rows"], help="rows per block (batch_size)")
     parser.add_argument("--tasks-in-flight", type=int, default=_DEFAULTS["tasks_in_flight"],
                         help="blocks an actor holds at once (max_tasks_in_flight_per_actor)")
+    parser.add_argument("--concurrent-calls", type=int, default=None,
+                        help="calls an actor runs at once (max_concurrent_batches); default: --tasks-in-flight")
     parser.add_argument("--step-model", type=Path, default=None,
                         help="JSON with ActorModel's fields (benchmarks/skew.py writes one); default: the demo model on CPU")
     parser.add_argument("--no-rebalance", action="store_true", help="only the run without the pool")
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         model = ActorModel.from_file(args.step_model) if args.step_model else ActorModel()
         rows = read_scenario(args.scenario)
         config = SimConfig(args.actors, args.max_num_seqs, args.block_rows, args.tasks_in_flight,
-                           not args.no_rebalance, args.seed, args.jitter)
+                           not args.no_rebalance, args.seed, args.jitter, concurrent_calls=args.concurrent_calls)
         report = run_scenario(rows, config, model)
     except (ConfigError, ValueError, OSError) as err:
         print(f"batchgen-data simulate: error: {err}", file=sys.stderr)

@@ -3,9 +3,11 @@ without the work pool (``simulate``).
 
 NOTE: what is modelled, and how.
   * Blocks of ``block_rows`` rows in input order reach the actors as Ray Data's actor pool hands
-    them out: once every actor has started, each block goes to the actor with the fewest calls
-    in flight (the first such), while one holds fewer than ``tasks_in_flight``; a call that ends
-    frees its slot. A call ends when all its rows have results, wherever they ran.
+    them out: once every actor has started, each block goes to the actor with the fewest tasks
+    in flight (the first such), while one holds fewer than ``tasks_in_flight``. An actor runs
+    at most ``concurrent_calls`` of them as calls; the others wait at the actor, in order, unseen
+    by the stage, until a call ends. A call ends when all its rows have results, wherever they
+    ran, and frees its slot.
   * Without rebalancing, a call's rows queue on its own actor's engine.
   * With it, the stage's client rules: while the stage has no pool, a block whose rows fit the
     engine's free slots and KV runs there (``core/local_first``); the first that does not starts
@@ -54,8 +56,10 @@ class _Call:
 
 class Simulation:
     def __init__(self, rows: Sequence[Row], config: SimConfig, model: ActorModel):
-        if config.actors < 1 or config.max_num_seqs < 1 or config.block_rows < 1 or config.tasks_in_flight < 1:
-            raise ValueError(f"actors, max_num_seqs, block_rows and tasks_in_flight must be >= 1: {config}")
+        if min(config.actors, config.max_num_seqs, config.block_rows, config.tasks_in_flight,
+               config.concurrent_calls or 1) < 1:
+            raise ValueError(f"actors, max_num_seqs, block_rows, tasks_in_flight and concurrent_calls must be "
+                             f">= 1: {config}")
         self.rows, self.config, self.model = rows, config, model
         self.engines = [SimEngine(f"actor-{i}", model, config.max_num_seqs) for i in range(config.actors)]
         self.pool = WorkPool(lease_timeout_s=1e12) if config.rebalance else None
@@ -68,7 +72,9 @@ class Simulation:
         self.num_events = 0
         self.blocks = deque(range(0, len(rows), config.block_rows))
         self.calls: dict[int, _Call] = {}
-        self.open_calls = [0] * config.actors
+        self.open_calls = [0] * config.actors  # tasks in flight: calls running and blocks waiting at the actor
+        self.queued: list[deque[int]] = [deque() for _ in range(config.actors)]  # blocks waiting at the actor
+        self.concurrent_calls = config.concurrent_calls or config.tasks_in_flight
         self.ready = [False] * config.actors
         self.stepping = [False] * config.actors
         self.wake_at = [None] * config.actors  # an idle actor's pending wake-up
@@ -138,6 +144,10 @@ class Simulation:
             i = min(range(self.config.actors), key=self.open_calls.__getitem__)
             if self.open_calls[i] >= self.config.tasks_in_flight:
                 return
+            self.open_calls[i] += 1
+            if self.open_calls[i] - len(self.queued[i]) > self.concurrent_calls:
+                self.queued[i].append(self.blocks.popleft())  # the actor's calls are all busy
+                continue
             self._start_call(i, self.blocks.popleft())
             self._wake(i, self.now)
 
@@ -145,7 +155,6 @@ class Simulation:
         """A block reaches actor ``i``: its rows start there, or go to the pool (module NOTE)."""
         engine, rows = self.engines[i], list(range(start, min(len(self.rows), start + self.config.block_rows)))
         call = self.calls[start] = _Call(i, len(rows))
-        self.open_calls[i] += 1
         if self.pool is None:
             local, pooled = rows, []
         elif self.pool_started:
@@ -193,6 +202,9 @@ class Simulation:
             self.open_calls[call.owner] -= 1
             if call.batch_key is not None:
                 self.pool.take_batch(call.batch_key)
+            if self.queued[call.owner]:  # the next block waiting at the actor becomes a call
+                self._start_call(call.owner, self.queued[call.owner].popleft())
+                self._wake(call.owner, self.now)
             self._dispatch()
             if call.owner != i:
                 self._wake(call.owner, self.now)
