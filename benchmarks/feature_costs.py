@@ -53,6 +53,7 @@ def feature_params(length: int) -> dict[str, Callable[[int], SamplingParams | li
         return lambda n: SamplingParams(**base, **extra)
 
     return {
+        "plain": same(),  # A/A: the same rows twice, the run-to-run spread the other ratios sit in
         "logprobs1": same(logprobs=1),
         "logprobs5": same(logprobs=5),
         "logprobs20": same(logprobs=20),

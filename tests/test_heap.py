@@ -67,3 +67,42 @@ def test_the_trimmer_trims_at_most_once_per_interval():
     assert trimmer.maybe_trim() == sys.platform.startswith("linux")
     now[0] = 9.0
     assert not trimmer.maybe_trim()
+
+
+_STEP_BUFFERS = """
+import ctypes, json, resource
+from batchgen_data.heap import keep_step_buffers
+
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+kept = KEEP and keep_step_buffers()
+faults = []
+for _ in range(5):  # a step's 40 MiB buffer, allocated, written and freed each step
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    block = libc.malloc(40 << 20)
+    libc.memset(block, 1, 40 << 20)
+    libc.free(block)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(json.dumps({"kept": kept, "faults": faults}))
+"""
+
+
+def _step_buffers(keep: bool, env: dict | None = None) -> dict:
+    import os
+
+    code = _STEP_BUFFERS.replace("KEEP and", f"{keep} and")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
+                         env={**os.environ, **(env or {})})
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@glibc
+def test_a_freed_step_buffer_is_reused_without_faulting_its_pages_in_again():
+    default = _step_buffers(keep=False)
+    assert min(default["faults"][1:]) > 5000  # glibc maps 40 MiB afresh every time: ~10,240 pages
+    kept = _step_buffers(keep=True)
+    assert kept["kept"]
+    assert max(kept["faults"][1:]) < 100  # the heap keeps it: only the first step faults it in
+    assert not _step_buffers(keep=True, env={"GLIBC_TUNABLES": ""})["kept"]  # the user's settings stand

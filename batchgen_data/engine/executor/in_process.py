@@ -33,6 +33,7 @@ from batchgen_data.engine.structured.manager import StructuredOutputManager
 from batchgen_data.engine.stats import EngineStats
 from batchgen_data.engine.step_report import StepReport
 from batchgen_data.errors import BatchGenError, ConfigError
+from batchgen_data.heap import keep_step_buffers
 from batchgen_data.model import ModelConfig, MoEModel
 from batchgen_data.model.gemm_tuning import available_kernels, load_or_tune
 from batchgen_data.model.kv_cache import KVCache
@@ -76,6 +77,8 @@ class InProcessExecutor:
         self.config = config
         self._clock = clock
         device = config.resolve_device()
+        if torch.device(device).type == "cpu":
+            keep_step_buffers()  # a step's large tensors are reused, not faulted in again (heap.py)
         dtype = config.resolve_dtype(device)
         # Grammars for structured outputs: the tokenizer views an earlier process built are built
         # again beside the model load (nothing else loads until a constrained request comes).
