@@ -98,8 +98,7 @@ def _expert_table(layer) -> ExpertTable | None:
 
 def _read_table(store, layer_id: int) -> ExpertTable | None:
     if store.capacity is not None:  # streamed: in place where the checkpoint allows, else never
-        in_place = getattr(store, "in_place_table", None)
-        return in_place(layer_id) if in_place is not None else None
+        return store.in_place_table(layer_id)
     weights = store.weights(layer_id, None)
     if (weights.row_of is not None or weights.b_gate_up is not None or weights.wait_row is not None
             or weights.w_gate_up.dtype != torch.float32 or not weights.w_gate_up.is_cpu

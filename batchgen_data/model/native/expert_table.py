@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-_FP32 = torch.float32
+from batchgen_data.model.native.kernels import _check_fp32_cpu
 
 
 @dataclass(slots=True)
@@ -65,9 +65,3 @@ def views_table(experts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) 
         _check_fp32_cpu(gate, up, down)
     addresses = torch.tensor([[t.data_ptr() for t in expert] for expert in experts], dtype=torch.int64)
     return ExpertTable(addresses, ffn, tuple(t for expert in experts for t in expert))
-
-
-def _check_fp32_cpu(*tensors: torch.Tensor) -> None:
-    for t in tensors:
-        if t.dtype != _FP32 or t.device.type != "cpu":
-            raise ValueError(f"the decode kernels read fp32 CPU experts, got {t.dtype} on {t.device}")

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from batchgen_data.model.native.expert_table import ExpertTable
+if TYPE_CHECKING:
+    from batchgen_data.model.native.expert_table import ExpertTable
 
 
 @dataclass(slots=True)
