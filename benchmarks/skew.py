@@ -220,7 +220,8 @@ def run_case(ray, scenario: Scenario, rows: list[dict], rebalance: bool, stats_d
     # Blocks made in the driver: a repartition would need a whole CPU for its tasks, which three
     # half-CPU actors on 2 CPUs leave no room for (the job then hangs with no error).
     ds = ray.data.from_items(rows, override_num_blocks=math.ceil(scenario.rows / scenario.block_size))
-    kwargs = {"model": "demo", "engine_config": engine_config, "rebalance": rebalance, "stats_dir": str(stats_dir)}
+    kwargs = {"model": "demo", "engine_config": engine_config, "rebalance": rebalance, "stats_dir": str(stats_dir),
+              "max_concurrent_batches": _CONCURRENCY}  # as the simulator's actors report their call slots
     start = time.time()
     out = ds.map_batches(
         BatchGenOperator,

@@ -46,6 +46,11 @@ class BatchGenOperator:
             they go back to the pool.
         stats_dir (str | None, default None): benchmark instrumentation: after every batch,
             write this actor's engine timeline and counters to ``stats_dir/actor-<pid>.json``.
+        max_concurrent_batches (int | None, default None): the batch calls Ray Data runs on one
+            actor at once (the ``max_concurrent_calls_per_actor`` of its ``ActorPoolStrategy``;
+            the processor passes its own). Known, an actor with a call slot free tells the pool
+            that the stage's input is all in, and actors holding rows long for the job then run
+            small sets beside them (``rebalance/core/pacing.py``); unknown, nothing is paced.
         **config: ``StageConfig``'s fields (``engine_config``, ``prompt_column``,
             ``prompt_template``, ``should_continue_on_error``, ``json_columns``, ``chat_template``,
             ``task_type``, ``sampling_params``, ...: documented there), and ``SamplingParams`` names as flat keywords
@@ -71,7 +76,7 @@ class BatchGenOperator:
     """
 
     def __init__(self, model: str = "demo", *, rebalance: bool | None = None, lease_timeout_s: float = 15.0,
-                 stats_dir: str | None = None, **config):
+                 stats_dir: str | None = None, max_concurrent_batches: int | None = None, **config):
         self.config = StageConfig.from_kwargs(model=model, **config)
         if rebalance is None:  # on inside a Ray actor (several actors share a pool), off elsewhere
             rebalance = in_ray_actor()
@@ -90,7 +95,8 @@ class BatchGenOperator:
         if rebalance:
             from batchgen_data.operators.rebalance import stage_client
 
-            self.rebalancer = stage_client(self.engine, repr(self.config), lease_timeout_s, membership)
+            self.rebalancer = stage_client(self.engine, repr(self.config), lease_timeout_s, membership,
+                                           max_calls=max_concurrent_batches)
         self._heap = HeapTrimmer()
         self._rows_in_flight = 0
         self._peak_rows_in_flight = 0

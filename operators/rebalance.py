@@ -24,7 +24,8 @@ ROW_RESULTS = ResultCodec(from_output=RowResult.from_output, to_wire=asdict, fro
 
 
 def stage_client(engine: AsyncEngine, stage_key: str, lease_timeout_s: float,
-                 coordinator: PoolMembership | PoolTransport | None = None, calibrate: bool = True) -> RebalanceClient:
+                 coordinator: PoolMembership | PoolTransport | None = None, calibrate: bool = True,
+                 max_calls: int | None = None) -> RebalanceClient:
     """The client of one stage actor (``RebalanceClient``'s arguments), making ``RowResult`` rows."""
     return RebalanceClient(engine, stage_key, lease_timeout_s, coordinator, calibrate=calibrate, codec=ROW_RESULTS,
-                           on_engine_dead=exit_for_restart)
+                           on_engine_dead=exit_for_restart, max_calls=max_calls)

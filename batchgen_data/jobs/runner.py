@@ -219,7 +219,7 @@ def _run_ray(spec, stage, inputs: JobInputs, pending: list[int], progress, summa
             blocks.append(ray.put(table.append_column(_ROW_COLUMN, pa.array(range(table.num_rows), pa.int64()))))
         ds = ray.data.from_arrow_refs(blocks).map_batches(
             BatchGenOperator,
-            fn_constructor_kwargs=operator_kwargs,
+            fn_constructor_kwargs={**operator_kwargs, "max_concurrent_batches": spec.max_concurrent_batches},
             batch_size=spec.batch_size,
             batch_format="pyarrow",
             compute=ray.data.ActorPoolStrategy(size=spec.workers, max_concurrent_calls_per_actor=spec.max_concurrent_batches),

@@ -86,8 +86,9 @@ def engine_stages(config: BatchGenProcessorConfig, chat_template_kwargs: dict | 
         options["runtime_env"] = config.runtime_env
     if config.accelerator_type is not None:
         options.update(accelerator_type=config.accelerator_type, num_gpus=1)
-    stages.append(vLLMEngineStage(fn=BatchGenOperator, fn_constructor_kwargs=operator_kwargs,
-                                  map_batches_kwargs=options))
+    # The actor's call slots, as its pool strategy gives them: the pool learns when the input is all in.
+    stages.append(vLLMEngineStage(fn=BatchGenOperator, map_batches_kwargs=options, fn_constructor_kwargs={
+        **operator_kwargs, "max_concurrent_batches": config.max_concurrent_batches}))
     if config.stage("detokenize_stage").enabled:
         stages.append(DetokenizeStage(fn_constructor_kwargs={"model_source": operator_kwargs["model"]}))
     return stages

@@ -4,7 +4,8 @@ tail busy actors give sequences back to idle ones by the engine's one move rule.
 Owns:
 - ``core/``: the policy, pure Python (no torch, no Ray; time comes in as ``now`` arguments): work
   items and their leases (``pool.py``, ``leasing.py``), who shares the work (``members.py``,
-  ``compute.py``), the tail plan (``tail.py``), the move rule and its cost model
+  ``compute.py``), running small sets beside rows long for the job (``pacing.py``,
+  ``projection.py``), the tail plan (``tail.py``), the move rule and its cost model
   (``move_rule.py``, ``replay.py``), the step model (``step_model.py``), learned output lengths
   (``lengths.py``), the load reports it reads (``progress.py``), rows that move (``moved.py``).
   The engine's expert-parallel executor asks the same move rule between ranks.

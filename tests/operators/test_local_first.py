@@ -50,12 +50,15 @@ def test_a_batch_runs_on_its_engine_until_rows_would_queue_then_the_pool_takes_t
     expected = [o.token_ids for o in Engine(demo_path, config).generate(prompts, params)]
 
     async def job():
-        client = stage_client(AsyncEngine(Engine(demo_path, config)), "stage", 5.0, calibrate=False)
+        client = stage_client(AsyncEngine(Engine(demo_path, config)), "stage", 5.0, calibrate=False, max_calls=2)
         first = await client.run_batch(prompts[:8], params[:8])  # 8 rows, 8 free slots: all here
         assert not started and client.stats.num_local_batches == 1
         second = await client.run_batch(prompts, params)  # 12 rows: 4 would queue
         # The 4 shortest went to the pool (the longest start at once), and came back in row order.
         assert started and [params["max_tokens"] for _, params in pooled] == [4, 6, 8, 10]
+        # Its load reports carry its open calls and call slots (the pool's ``pacing`` reads them).
+        report = coordinator.pool.loads[client.state.worker_id].progress
+        assert (report.calls, report.max_calls) == (1, 2)
         for task in client.background_tasks():
             task.cancel()
         return first, second

@@ -49,11 +49,15 @@ class RebalanceClient:
         codec (ResultCodec): a row's result from its output, and as it travels (default: the
             engine's ``GenerationOutput``).
         on_engine_dead: called with the error when the engine dies (default: raise it).
+        max_calls (int | None): the most batch calls its actor runs at once (Ray Data's
+            ``max_concurrent_calls_per_actor``), if known: with its open calls in each load
+            report, it tells the pool when the stage's input is all in (``core/pacing.py``).
     """
 
     def __init__(self, engine: AsyncEngine, stage_key: str, lease_timeout_s: float, coordinator=None,
                  calibrate: bool = True, codec: ResultCodec | None = None,
-                 on_engine_dead: Callable[[EngineDeadError], NoReturn] = raise_engine_dead):
+                 on_engine_dead: Callable[[EngineDeadError], NoReturn] = raise_engine_dead,
+                 max_calls: int | None = None):
         self.engine = engine
         self.name = stage_coordinator_name(stage_key)
         self.lease_timeout_s = lease_timeout_s
@@ -62,7 +66,7 @@ class RebalanceClient:
             worker_id, coordinator, started = coordinator.worker_id, coordinator.coordinator, coordinator.started
         else:
             worker_id = new_worker_id()
-        self.state = ClientState(engine, worker_id, codec or ResultCodec(), on_engine_dead)
+        self.state = ClientState(engine, worker_id, codec or ResultCodec(), on_engine_dead, max_calls=max_calls)
         self.stats = self.state.stats
         self.probe = EngineProbe.attach(engine)  # its engine's load, published by the engine thread
         self.worker = LeaseLoop(self.state, self.probe)

@@ -159,7 +159,8 @@ class LeaseLoop:
             move_s_per_token=snapshot.move_s_per_token, kv_s_per_token=self._kv_s_per_token,
             # A give-back and the receiver's lease (two round trips: the receiver's held call
             # returns the item at once), and the step the export waits for.
-            move_latency_s=2 * self.call_s + self._step_s_hint, compute=self._compute, local_tokens=local_tokens)
+            move_latency_s=2 * self.call_s + self._step_s_hint, compute=self._compute, local_tokens=local_tokens,
+            calls=state.open_calls, max_calls=state.max_calls)
 
     def _step_s(self, progress: WorkerProgress) -> float:
         model = progress.step.fit()

@@ -66,6 +66,7 @@ class ClientState:
     local_kv_tokens: int = 0  # ... and their estimated KV tokens at their full lengths
     local_output_tokens: int = 0  # ... and their output budgets (max_tokens + 1)
     open_calls: int = 0  # batch calls of this actor in flight
+    max_calls: int | None = None  # the most it runs at once (Ray Data's max_concurrent_calls_per_actor), if known
     items_in_flight: int = 0  # pool items its engine runs
     pool_outstanding: int = 0  # the stage's outstanding items, as its last lease reply said
     holding: int | None = None  # max_items of its lease call held now (None: none)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from batchgen_data.rebalance.core.compute import joining
 from batchgen_data.rebalance.core.members import Spread
+from batchgen_data.rebalance.core import pacing
 from batchgen_data.rebalance.core.pool_state import Lease, Load
 from batchgen_data.rebalance.core.progress import WorkerProgress
 from batchgen_data.rebalance.core.work_item import WorkItem
@@ -54,7 +55,7 @@ def lease(pool: WorkPool, worker: str, max_items: int, now: float, progress: Wor
     num_turns = pool.membership.num_turns(worker, members | {worker})
     pool.membership.saw_lease(worker, now)
     taken: list[WorkItem] = []
-    if max_items <= 0 or not pool.pending:
+    if max_items <= 0 or not pool.pending or pacing.at_pace(pool, worker, now):
         return taken
     # Longest first (by estimated tokens left), the worker's own items first among equals:
     # long rows start early and overlap with short ones instead of forming the job's tail
@@ -74,6 +75,8 @@ def lease(pool: WorkPool, worker: str, max_items: int, now: float, progress: Wor
     quota = -(-outstanding // max(1, len(members))) - held
     if quota <= 0 and held > 0 and not any(free_for(pool.items[i], worker) for i in leasable):
         return taken  # over its share already; a worker holding nothing always gets one item
+    # While it holds a row long for the job, no more than that row can run beside (``pacing``).
+    pace = pacing.pace_for(pool, worker, now, cost, len(pool.members(now) | {worker}))
     spread = None
     if num_turns > 1:
         spread = Spread(sorted(cost.values()),
@@ -91,8 +94,21 @@ def lease(pool: WorkPool, worker: str, max_items: int, now: float, progress: Wor
             continue  # a shorter one further on may still fit the share
         if not free and spread is not None and not spread.allows(cost[item_id], len(chosen)):
             continue  # another member's turn: a shorter one may still be this worker's
+        # (A sequence given back is the move rule's placement, which weighed this worker's steps.)
+        if pace is not None and pool.items[item_id].not_for is None and not pace.admits(
+                cost[item_id], now - pool.pacing.homed.get(item_id, now)):
+            if pace.left_for_home:
+                pool.pacing.homed.setdefault(item_id, now)
+            if pace.at_cap(cost[item_id]):
+                break  # its running set is at the pace of what it holds: no shorter one fits either
+            continue  # it would run beside a long row, or a paced worker has a home for it
+        if pace is not None:
+            pool.pacing.homed.pop(item_id, None)
         chosen.append(item_id)
         quota -= cost[item_id]
+        if pace is not None:
+            pace.taken(cost[item_id])
+    pacing.record(pool, worker, pace, now)
     for item_id in chosen:
         pool.pending.remove(item_id)
         item = pool.items[item_id]
@@ -159,7 +175,7 @@ def _room(pool: WorkPool, owner: str) -> int:
     before its first lease (an engine that just submitted its first rows is empty)."""
     held = pool.holds(owner)
     if held is not None:
-        return held
+        return min(held, pool.pacing.room.get(owner, held))
     load = pool.loads.get(owner)
     if load is None:
         return len(pool.pending)

@@ -32,6 +32,7 @@ from typing import Any
 from batchgen_data.rebalance.core import leasing, moved, tail
 from batchgen_data.rebalance.core.lengths import OutputLengths
 from batchgen_data.rebalance.core.members import Members
+from batchgen_data.rebalance.core.pacing import PaceState
 from batchgen_data.rebalance.core.move_rule import Move
 from batchgen_data.rebalance.core.pool_state import Batch, Lease, Load, PoolCounters
 from batchgen_data.rebalance.core.progress import WorkerProgress
@@ -59,6 +60,8 @@ class WorkPool:
         self._next_expiry = -math.inf  # no lease expires before this (``expire``)
         self.step_total = StepSums()  # every recorded report's step sums, added up (``set_load``)
         self.renewed: dict[str, float] = {}  # worker -> its last heartbeat (its leases last from then)
+        self.owners: set[str] = set()  # workers that submitted a batch (had a block to run)
+        self.pacing = PaceState()  # who runs small sets beside long rows (``pacing``)
 
     # -- owners ---------------------------------------------------------------------------------
 
@@ -77,6 +80,7 @@ class WorkPool:
             self.pending.append(item_id)
             ids.append(item_id)
         self.batches[batch_key] = Batch(owner, ids)
+        self.owners.add(owner)
         self.counters.num_submitted += len(ids)
 
     def batch_done(self, batch_key: str) -> bool:

@@ -49,6 +49,11 @@ class WorkerProgress:
     # Output tokens its sequences outside the pool have left (rows an actor started on its own
     # engine before the stage had a pool): work it holds that the pool has no items for.
     local_tokens: int = 0
+    # Its batch calls running now, and the most it runs at once (None: not known). An actor with
+    # a call slot free tells the stage that Ray Data has no block waiting for it: the input it
+    # will get is all in the pool or on the engines (``pacing``).
+    calls: int = 0
+    max_calls: int | None = None
 
     @property
     def free_slots(self) -> int:

@@ -92,7 +92,8 @@ class SimEngine:
     def num_seqs(self) -> int:
         return len(self.running) + len(self.waiting)
 
-    def report(self, step: StepSums, move_latency_s: float) -> WorkerProgress:
+    def report(self, step: StepSums, move_latency_s: float, calls: int = 0, max_calls: int | None = None,
+               ) -> WorkerProgress:
         """Its load report (``WorkerProgress``), as the stage's client sends with each lease:
         running sequences first, then waiting ones; pool items movable while their move budget
         lasts, its own rows (started outside the pool) movable once the stage has a pool."""
@@ -103,4 +104,5 @@ class SimEngine:
         local = sum(s.max_tokens - s.num_generated + 1 for s in (*self.running, *self.waiting) if s.item_id is None)
         return WorkerProgress(slots=self.max_num_seqs, seqs=seqs, step=step,
                               move_s_per_token=self.model.move_s_per_token, move_latency_s=move_latency_s,
-                              kv_s_per_token=self.model.kv_s_per_token, local_tokens=local)
+                              kv_s_per_token=self.model.kv_s_per_token, local_tokens=local,
+                              calls=calls, max_calls=max_calls)

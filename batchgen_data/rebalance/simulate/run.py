@@ -245,7 +245,8 @@ class Simulation:
         and planned give-backs out."""
         engine, pool, model = self.engines[i], self.pool, self.model
         step_s = model.step_model.step_s(max(1, len(engine.running)))
-        report = engine.report(self.step_sums, move_latency_s=2 * model.call_s + step_s)
+        report = engine.report(self.step_sums, move_latency_s=2 * model.call_s + step_s,
+                               calls=self.open_calls[i] - len(self.queued[i]), max_calls=self.concurrent_calls)
         soon, _ = slots_freeing_soon(report.seqs, step_s, model.call_s, MAX_HOLD_S)
         room = max(0, engine.max_num_seqs + soon - engine.num_seqs)
         changed = self.seen_version[i] != self.version or not self.call_room[i]
