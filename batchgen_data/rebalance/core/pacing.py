@@ -32,6 +32,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from batchgen_data.rebalance.core.pool_state import pooled_step_model
 from batchgen_data.rebalance.core.projection import running_cap, stage_end_s
 from batchgen_data.rebalance.core.step_model import StepModel
 
@@ -221,7 +222,7 @@ def _project(pool: WorkPool, now: float, cost: dict[str, float], num_members: in
         return
     state.computed_at, state.model = now, None
     alive = {w: load for w, load in pool.loads.items() if pool.is_alive(w, now)}
-    model = _alive_model(pool, alive)
+    model = pooled_step_model(pool.step_total, pool.loads, alive)
     if model is None or not alive:
         state.stop()
         return
@@ -260,12 +261,3 @@ def _project(pool: WorkPool, now: float, cost: dict[str, float], num_members: in
     state.paced = {w for _, w in ranked[:max_paced]}
     for worker in set(state.homes) - state.paced:
         state.forget(worker)
-
-
-def _alive_model(pool: WorkPool, alive: dict) -> StepModel | None:
-    """The alive workers' calibrated lines at their measured level (as ``tail._pooled_model``)."""
-    pooled = pool.step_total
-    for worker, load in pool.loads.items():
-        if worker not in alive:
-            pooled = pooled.minus(load.progress.step)
-    return pooled.fit()

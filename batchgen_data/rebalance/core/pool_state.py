@@ -1,11 +1,12 @@
-"""The work pool's records: a batch, a worker's last load report, a lease, and the counters.
-Plain data."""
+"""The work pool's records: a batch, a worker's last load report, a lease, and the counters; and
+the stage's step model over the alive workers' reports (``pooled_step_model``). Plain data."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from batchgen_data.rebalance.core.progress import WorkerProgress
+from batchgen_data.rebalance.core.step_model import StepModel, StepSums
 
 
 @dataclass(slots=True)
@@ -43,3 +44,14 @@ class PoolCounters:
     num_batches_dropped: int = 0  # batches whose waiter was gone (caller gave up, owner dead)
     num_members_at_first_lease: int = 0  # how many workers the pool's first lease shared the work over
     leased_by_worker: dict = field(default_factory=dict)
+
+
+def pooled_step_model(step_total: StepSums, loads: dict[str, Load], alive) -> StepModel | None:
+    """The stage's step model: the alive workers' calibrated lines at their measured level (the
+    pool's running total of every recorded report's ``StepSums``, less the workers not in
+    ``alive``)."""
+    pooled = step_total
+    for worker, load in loads.items():
+        if worker not in alive:
+            pooled = pooled.minus(load.progress.step)
+    return pooled.fit()

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from batchgen_data.rebalance.core.compute import joining
 from batchgen_data.rebalance.core.leasing import busy_workers, compute_shares
 from batchgen_data.rebalance.core.move_rule import Move, plan_moves
-from batchgen_data.rebalance.core.pool_state import Load
+from batchgen_data.rebalance.core.pool_state import Load, pooled_step_model
 from batchgen_data.rebalance.core.progress import SeqProgress, WorkerProgress
 from batchgen_data.rebalance.core.work_item import WorkItem
 
@@ -51,7 +51,7 @@ def plan_give_back(pool: WorkPool, worker: str, now: float) -> list[Move]:
     if not movable:
         return []  # nothing it could give (most calls at the tail: idle receivers)
     alive = {w: load for w, load in pool.loads.items() if w == worker or pool.is_alive(w, now)}
-    model = _pooled_model(pool, alive)
+    model = pooled_step_model(pool.step_total, pool.loads, alive)
     incoming = _moving_to(pool, now)
     busy = busy_workers(pool) | {worker}
     takers = sorted(w for w, load in alive.items()
@@ -74,16 +74,6 @@ def plan_give_back(pool: WorkPool, worker: str, now: float) -> list[Move]:
     if not plan.count and plan.missed_s > 0:
         pool.counters.num_moves_declined += 1
     return list(plan.moves)
-
-
-def _pooled_model(pool: WorkPool, alive: dict[str, Load]):
-    """The stage's step model: the alive workers' calibrated lines at their measured level
-    (their ``StepSums`` merged: the pool's running total, less the workers not alive now)."""
-    pooled = pool.step_total
-    for worker, load in pool.loads.items():
-        if worker not in alive:
-            pooled = pooled.minus(load.progress.step)
-    return pooled.fit()
 
 
 def _load_tokens(load: Load, incoming) -> float:
