@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
+from batchgen_data.rebalance.core import pacing
 from batchgen_data.rebalance.core.compute import joining
 from batchgen_data.rebalance.core.members import Spread
-from batchgen_data.rebalance.core import pacing
-from batchgen_data.rebalance.core.pool_state import Lease, Load
+from batchgen_data.rebalance.core.pool_state import Lease, Load, leased_since
 from batchgen_data.rebalance.core.progress import WorkerProgress
 from batchgen_data.rebalance.core.work_item import WorkItem
 
@@ -36,7 +36,9 @@ def lease(pool: WorkPool, worker: str, max_items: int, now: float, progress: Wor
     reports give them, over the stage's ``members``), so nobody hoards long
     rows another actor would start now; and while some member has not leased yet, they go
     round-robin, longest first (``members.Spread``). A worker holding nothing always gets
-    one item.
+    one item. Once the stage's input is all in, a worker holding a row long for the job takes
+    no more than that row's pace allows, and long items go to the workers paced for them
+    (``pacing.py``).
     ``progress`` (its engine's sequences, step times and move cost) is its load report for
     ``plan_give_back``.
     """
@@ -179,9 +181,7 @@ def _room(pool: WorkPool, owner: str) -> int:
     load = pool.loads.get(owner)
     if load is None:
         return len(pool.pending)
-    since = sum(1 for item in load.leased_since
-                if (lease := pool.leases.get(item.item_id)) is not None and lease.worker == owner)
-    return max(0, load.progress.free_slots - since)
+    return max(0, load.progress.free_slots - len(leased_since(load, pool.leases, owner)))
 
 
 def kept_from(item: WorkItem, worker: str, now: float) -> bool:

@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from batchgen_data.rebalance.core.pool_state import pooled_step_model
+from batchgen_data.rebalance.core.pool_state import leased_since, pooled_step_model
 from batchgen_data.rebalance.core.projection import running_cap, stage_end_s
 from batchgen_data.rebalance.core.step_model import StepModel
 
@@ -179,9 +179,7 @@ def at_pace(pool: WorkPool, worker: str, now: float) -> bool:
         return False
     if any(worker in plan.values() for plan in pool.planned_moves.values()):
         return False  # a tail plan sends it sequences: those it takes whatever its pace
-    since = sum(1 for item in load.leased_since
-                if (lease := pool.leases.get(item.item_id)) is not None and lease.worker == worker)
-    return len(load.progress.seqs) + since >= note[0]
+    return len(load.progress.seqs) + len(leased_since(load, pool.leases, worker)) >= note[0]
 
 
 def pace_for(pool: WorkPool, worker: str, now: float, cost: dict[str, float], num_members: int) -> Pace | None:
@@ -193,11 +191,8 @@ def pace_for(pool: WorkPool, worker: str, now: float, cost: dict[str, float], nu
     _project(pool, now, cost, num_members)
     if state.model is None:
         return None
-    tokens_left = pool.lengths.tokens_left
-    lefts = [tokens_left(s.num_generated, s.max_tokens) for s in load.progress.seqs]
-    lefts += [cost[item.item_id] for item in load.leased_since if item.item_id in cost
-              and (lease := pool.leases.get(item.item_id)) is not None and lease.worker == worker]
-    return Pace(state.model, load.progress.slots, max(0.0, state.end - now), lefts,
+    return Pace(state.model, load.progress.slots, max(0.0, state.end - now),
+                _held_lefts(pool, worker, load, cost),
                 worker in state.paced or len(state.paced) < state.max_paced,
                 [home for w, home in state.homes.items() if w != worker])
 
@@ -214,6 +209,14 @@ def record(pool: WorkPool, worker: str, pace: Pace | None, now: float) -> None:
     state.homes[worker] = pace.home()
 
 
+def _held_lefts(pool: WorkPool, worker: str, load, cost: dict[str, float]) -> list[float]:
+    """Tokens left of what ``worker`` holds: its engine's sequences by its last report, and the
+    items leased to it since (a leased item's own record keeps its length at lease time)."""
+    tokens_left = pool.lengths.tokens_left
+    return ([tokens_left(s.num_generated, s.max_tokens) for s in load.progress.seqs]
+            + [cost[item.item_id] for item in leased_since(load, pool.leases, worker) if item.item_id in cost])
+
+
 def _project(pool: WorkPool, now: float, cost: dict[str, float], num_members: int) -> None:
     """The stage's projected end and the workers paced, recomputed at most every ``_REFRESH_S``
     (module NOTE)."""
@@ -228,13 +231,10 @@ def _project(pool: WorkPool, now: float, cost: dict[str, float], num_members: in
         return
     # The work left: pending items, and what each worker holds by its report (a leased item's own
     # record keeps its length at lease time), with the items leased to it since.
-    tokens_left = pool.lengths.tokens_left
     by_worker: dict[str, float] = {}
     work = sum(cost[i] for i in pool.pending if i in cost)
     for w, load in alive.items():
-        lefts = [tokens_left(s.num_generated, s.max_tokens) for s in load.progress.seqs]
-        lefts += [cost[item.item_id] for item in load.leased_since if item.item_id in cost
-                  and (lease := pool.leases.get(item.item_id)) is not None and lease.worker == w]
+        lefts = _held_lefts(pool, w, load, cost)
         by_worker[w] = max(lefts, default=0.0)
         work += sum(lefts)
     slots = max(load.progress.slots for load in alive.values())

@@ -32,8 +32,8 @@ from typing import Any
 from batchgen_data.rebalance.core import leasing, moved, tail
 from batchgen_data.rebalance.core.lengths import OutputLengths
 from batchgen_data.rebalance.core.members import Members
-from batchgen_data.rebalance.core.pacing import PaceState
 from batchgen_data.rebalance.core.move_rule import Move
+from batchgen_data.rebalance.core.pacing import PaceState
 from batchgen_data.rebalance.core.pool_state import Batch, Lease, Load, PoolCounters
 from batchgen_data.rebalance.core.progress import WorkerProgress
 from batchgen_data.rebalance.core.step_model import StepSums
@@ -117,6 +117,7 @@ class WorkPool:
             self.results.pop(item_id, None)
             self.items.pop(item_id, None)
             self.leases.pop(item_id, None)  # a late result for it is dropped (``complete``)
+            self.pacing.homed.pop(item_id, None)
             if item_id in self.pending:
                 self.pending.remove(item_id)
 
@@ -245,6 +246,7 @@ class WorkPool:
         """Its leases go back to pending, and its own batches leave (nobody will take them)."""
         self.set_load(worker, None)
         self.membership.forget(worker)
+        self.pacing.forget(worker)  # no home for long items any more
         for key in [key for key, batch in self.batches.items() if batch.owner == worker]:
             self.forget_batch(key)
         lost = [i for i, lease in self.leases.items() if lease.worker == worker]

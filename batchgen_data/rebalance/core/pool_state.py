@@ -1,5 +1,6 @@
 """The work pool's records: a batch, a worker's last load report, a lease, and the counters; and
-the stage's step model over the alive workers' reports (``pooled_step_model``). Plain data."""
+the stage's step model over the alive workers' reports (``pooled_step_model``) and the items a
+worker was leased since its report (``leased_since``). Plain data."""
 
 from __future__ import annotations
 
@@ -55,3 +56,10 @@ def pooled_step_model(step_total: StepSums, loads: dict[str, Load], alive) -> St
         if worker not in alive:
             pooled = pooled.minus(load.progress.step)
     return pooled.fit()
+
+
+def leased_since(load: Load, leases: dict[str, Lease], worker: str) -> list:
+    """The items leased to ``worker`` with or after its last report that are still its (not in
+    its engine when it reported; those it finished or gave back since are gone)."""
+    return [item for item in load.leased_since
+            if (lease := leases.get(item.item_id)) is not None and lease.worker == worker]

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from batchgen_data.rebalance.core.compute import joining
 from batchgen_data.rebalance.core.leasing import busy_workers, compute_shares
 from batchgen_data.rebalance.core.move_rule import Move, plan_moves
-from batchgen_data.rebalance.core.pool_state import Load, pooled_step_model
+from batchgen_data.rebalance.core.pool_state import Load, leased_since, pooled_step_model
 from batchgen_data.rebalance.core.progress import SeqProgress, WorkerProgress
 from batchgen_data.rebalance.core.work_item import WorkItem
 
@@ -100,9 +100,7 @@ def _report_now(pool: WorkPool, worker: str, load: Load, now: float, model, inco
     (not in its engine when it reported; the ones it finished since are gone) and the sequences
     moving to it (``incoming``)."""
     report = load.progress.advanced(now - load.seen, model)
-    unreported = [item for item in load.leased_since
-                  if (lease := pool.leases.get(item.item_id)) is not None and lease.worker == worker]
-    unreported += incoming
+    unreported = leased_since(load, pool.leases, worker) + list(incoming)
     if not unreported:
         return report
     extra = tuple(_unreported(item, pool.cost(item) - 1) for item in unreported)
